@@ -1,0 +1,38 @@
+"""gradguard: keep per-micro-batch records from pinning autograd graphs.
+
+Training engines keep one record per micro-batch until the mini-batch ends. A tensor in such a
+record that still carries ``grad_fn`` keeps that micro-batch's graph, and the leaves behind it, alive.
+gradguard detaches what is published at that boundary, after the loss is computed, and checks that
+the loss used for backward still requires grad.
+"""
+
+from ._errors import GradGuardError, GraphRetentionError, GraphRetentionWarning, LossContractError
+from ._graph import pinned_bytes
+from ._policy import get_mode, set_mode
+from ._report import SiteStats, Stats, reset_stats, stats
+from ._store import guard, unwrap
+from ._tree import GraphRecord, detach_tree, find_graphs, register_container, unregister_container
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GradGuardError",
+    "GraphRecord",
+    "GraphRetentionError",
+    "GraphRetentionWarning",
+    "LossContractError",
+    "SiteStats",
+    "Stats",
+    "__version__",
+    "detach_tree",
+    "find_graphs",
+    "get_mode",
+    "guard",
+    "pinned_bytes",
+    "register_container",
+    "reset_stats",
+    "set_mode",
+    "stats",
+    "unregister_container",
+    "unwrap",
+]

@@ -1,0 +1,36 @@
+"""Every exception and warning gradguard raises or emits.
+
+This module sits at the bottom of the package so that the pure layers (the tree walk, the graph
+inspection) can raise gradguard errors without importing policy.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "GradGuardError",
+    "GraphRetentionError",
+    "GraphRetentionWarning",
+    "LossContractError",
+]
+
+
+class GradGuardError(RuntimeError):
+    """Base class of every error gradguard raises."""
+
+
+class GraphRetentionError(GradGuardError):
+    """A record that still carries an autograd graph reached a guarded store in ``raise`` mode.
+
+    The store is left exactly as it was before the refused call.
+    """
+
+
+class LossContractError(GradGuardError):
+    """The loss that will be back-propagated cannot produce the gradients training expects."""
+
+
+class GraphRetentionWarning(UserWarning):
+    """A record that still carried an autograd graph reached a guarded store in ``warn`` mode.
+
+    The record was detached before it was stored; the warning is emitted once per call site.
+    """

@@ -1,0 +1,164 @@
+"""What happens once a graph is found: the call site, the stats, the warning or the error.
+
+Nothing here runs for a record that carries no graph except :func:`count_clean`, a locked counter:
+site attribution (a frame walk) and the pinned-bytes estimate only happen on the graph path, and
+the estimate only once per site.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import wrapt
+
+from ._errors import GraphRetentionError, GraphRetentionWarning
+from ._graph import pinned_bytes
+from ._policy import RAISE, WARN, Mode
+from ._tree import GraphRecord
+
+__all__ = ["SiteStats", "Stats", "caller", "count_clean", "report_graphs", "reset_stats", "stats"]
+
+logger = logging.getLogger("gradguard")
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_WRAPT_DIR = os.path.dirname(os.path.abspath(wrapt.__file__)) + os.sep
+UNRESOLVED = "(no graph: site not resolved)"
+
+
+def caller() -> tuple[str, int]:
+    """``(filename, lineno)`` of the innermost frame outside gradguard and wrapt."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not (filename.startswith(_PACKAGE_DIR) or filename.startswith(_WRAPT_DIR)):
+            return filename, frame.f_lineno
+        frame = frame.f_back  # type: ignore[assignment]
+    return "<unknown>", 0
+
+
+@dataclass
+class SiteStats:
+    """Counters for one (store, call site) pair.
+
+    ``site`` is ``file:line`` of the code that published into the store, or, for records that carried
+    no graph, the marker ``(no graph: site not resolved)`` (attribution is skipped to keep that path
+    cheap). ``pinned_bytes_released`` is ``pinned_bytes`` of the first graph-carrying record seen at the
+    site times the number of such records: an estimate, made once per site.
+    """
+
+    store: str
+    site: str
+    records: int = 0
+    tensors_detached: int = 0
+    pinned_bytes_per_record: int = 0
+    pinned_bytes_released: int = 0
+
+
+class Stats(dict[tuple[str, str], SiteStats]):
+    """``stats()``'s result: ``{(store, site): SiteStats}``; ``str()`` gives a table."""
+
+    def __str__(self) -> str:
+        header = ("store", "site", "records", "tensors detached", "pinned released (est.)")
+        rows = [
+            (s.store, s.site, str(s.records), str(s.tensors_detached), _human(s.pinned_bytes_released))
+            for s in self.values()
+        ]
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+
+_lock = threading.Lock()
+_sites: dict[tuple[str, str], SiteStats] = {}
+_warned: set[tuple[str, str]] = set()
+
+
+def stats() -> Stats:
+    """A snapshot of the per-site counters of every guarded store in this process."""
+    with _lock:
+        return Stats({k: SiteStats(**vars(v)) for k, v in _sites.items()})
+
+
+def reset_stats() -> None:
+    """Clear every counter, and forget which sites were already warned about."""
+    with _lock:
+        _sites.clear()
+        _warned.clear()
+
+
+def count_clean(store: str, n: int = 1) -> None:
+    """Count ``n`` records that reached ``store`` carrying nothing to detach."""
+    key = (store, UNRESOLVED)
+    with _lock:
+        site = _sites.get(key)
+        if site is None:
+            site = _sites[key] = SiteStats(store, UNRESOLVED)
+        site.records += n
+
+
+def report_graphs(
+    store: str, mode: Mode, record: Any, graphs: list[GraphRecord], n_detached: int, where: tuple[str, int]
+) -> None:
+    """Account one record that carried ``graphs``, then warn or raise as ``mode`` says.
+
+    ``record`` is the original (undetached) record, used for the once-per-site byte estimate.
+    In ``raise`` mode this raises :class:`GraphRetentionError` and counts nothing.
+    """
+    site = f"{where[0]}:{where[1]}"
+    key = (store, site)
+    with _lock:
+        entry = _sites.get(key)
+    estimate = entry.pinned_bytes_per_record if entry is not None else pinned_bytes(record)
+    if mode == RAISE:
+        raise GraphRetentionError(_message(store, site, graphs, estimate, refused=True))
+    with _lock:
+        entry = _sites.get(key)
+        first = entry is None
+        if first:
+            entry = _sites[key] = SiteStats(store, site, pinned_bytes_per_record=estimate)
+        entry.records += 1
+        entry.tensors_detached += n_detached
+        entry.pinned_bytes_released += entry.pinned_bytes_per_record
+        warn = mode == WARN and key not in _warned
+        if warn:
+            _warned.add(key)
+    if first:
+        logger.debug("gradguard: first graph-carrying record at %s into %s (~%s pinned)", site, store, _human(estimate))
+    if warn:
+        warnings.warn_explicit(
+            _message(store, site, graphs, estimate, refused=False),
+            GraphRetentionWarning,
+            where[0],
+            where[1],
+        )
+
+
+def _message(store: str, site: str, graphs: list[GraphRecord], estimate: int, *, refused: bool) -> str:
+    shown = "\n".join(f"    {g.path or '<the record itself>'}  {g.grad_fn}  shape={g.shape} {g.dtype}" for g in graphs[:8])
+    more = f"\n    ... and {len(graphs) - 8} more" if len(graphs) > 8 else ""
+    outcome = (
+        "Refused (mode 'raise'): nothing was stored."
+        if refused
+        else "Detached before storing (mode 'warn'); this site will not warn again."
+    )
+    return (
+        f"{len(graphs)} tensor(s) carrying an autograd graph reached store {store} from {site}, "
+        f"pinning ~{_human(estimate)} per record:\n{shown}{more}\n{outcome} "
+        "Fix at the source: publish `.detach()`ed values *after* the loss is computed."
+    )
+
+
+def _human(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"

@@ -1,0 +1,144 @@
+"""Guarded stores: ``wrapt.ObjectProxy`` wrappers whose every way in goes through :func:`publish`.
+
+The proxy is the container as far as readers can tell (``isinstance``, indexing, iteration, ``len``,
+equality); copying or pickling it yields a copy of the plain container, without the guard.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Iterable, MutableMapping
+from typing import Any, TypeVar
+
+import wrapt
+
+from ._offload import check_offload, to_host
+from ._policy import normalize_mode, resolve
+from ._publish import publish, publish_many
+
+__all__ = ["guard", "unwrap"]
+
+S = TypeVar("S")
+logger = logging.getLogger("gradguard")
+
+
+class _Guarded(wrapt.ObjectProxy):  # type: ignore[misc]
+    """Common state: the store's explicit mode (or ``None``), its label, its offload function."""
+
+    def __init__(self, wrapped: Any, mode: Any, label: str, offload: str | None) -> None:
+        super().__init__(wrapped)
+        self._self_mode = mode
+        self._self_label = label
+        self._self_offload = to_host if offload == "cpu" else None
+        self._self_options = (mode, offload)
+
+    def _self_one(self, value: Any) -> Any:
+        return publish(self._self_label, resolve(self._self_mode), value, self._self_offload)
+
+    def _self_many(self, values: Iterable[Any]) -> list[Any]:
+        return publish_many(self._self_label, resolve(self._self_mode), list(values), self._self_offload)
+
+    def __repr__(self) -> str:
+        return f"gradguard.guard({self.__wrapped__!r}, name={self._self_label!r})"
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        return self.__wrapped__.__reduce_ex__(protocol)
+
+    def __copy__(self) -> Any:
+        import copy
+
+        return copy.copy(self.__wrapped__)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        import copy
+
+        return copy.deepcopy(self.__wrapped__, memo)
+
+
+class _GuardedAppend(_Guarded):
+    """Any object with ``append``: only ``append`` is intercepted."""
+
+    def append(self, value: Any) -> None:
+        self.__wrapped__.append(self._self_one(value))
+
+
+class _GuardedList(_GuardedAppend):
+    def extend(self, values: Iterable[Any]) -> None:
+        self.__wrapped__.extend(self._self_many(values))
+
+    def insert(self, index: Any, value: Any) -> None:
+        self.__wrapped__.insert(index, self._self_one(value))
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.__wrapped__[key] = self._self_many(value) if isinstance(key, slice) else self._self_one(value)
+
+    def __iadd__(self, values: Iterable[Any]) -> Any:
+        self.extend(values)
+        return self
+
+
+class _GuardedDeque(_GuardedList):
+    def appendleft(self, value: Any) -> None:
+        self.__wrapped__.appendleft(self._self_one(value))
+
+    def extendleft(self, values: Iterable[Any]) -> None:
+        self.__wrapped__.extendleft(self._self_many(values))
+
+
+class _GuardedDict(_Guarded):
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.__wrapped__[key] = self._self_one(value)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        items = dict(*args, **kwargs)  # update's own argument rules; later keys win
+        self.__wrapped__.update(zip(items.keys(), self._self_many(items.values())))
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        if key in self.__wrapped__:
+            return self.__wrapped__[key]
+        return self.__wrapped__.setdefault(key, self._self_one(default))
+
+    def __ior__(self, other: Any) -> Any:
+        self.update(other)
+        return self
+
+
+def guard(store: S, *, mode: str | None = None, name: str | None = None, offload: str | None = None) -> S:
+    """Return a proxy of ``store`` that detaches (per ``mode``) everything put into it.
+
+    ``store`` may be a ``list``, a ``dict`` or other mutable mapping, a ``collections.deque``, or any
+    object with an ``append`` method (only ``append`` is intercepted there). ``mode`` overrides the
+    context's mode for this store (see :func:`gradguard.get_mode`); ``name`` labels the store in
+    messages and stats; ``offload="cpu"`` also moves published tensors to the CPU.
+
+    Guarding a guarded store returns it unchanged, with its first options.
+    """
+    if isinstance(store, _Guarded):
+        if (mode, offload) != (None, None) and store._self_options != (mode, offload):
+            logger.debug("gradguard: %r is already guarded; keeping its first options", store)
+        return store
+    checked_mode = None if mode is None else normalize_mode(mode)
+    checked_offload = check_offload(offload)
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"guard: name must be a str, got {type(name).__qualname__}")
+    label = name if name is not None else f"<{type(store).__name__} at 0x{id(store):x}>"
+    if isinstance(store, collections.deque):
+        cls: type[_Guarded] = _GuardedDeque
+    elif isinstance(store, list):
+        cls = _GuardedList
+    elif isinstance(store, MutableMapping):
+        cls = _GuardedDict
+    elif callable(getattr(store, "append", None)):
+        cls = _GuardedAppend
+    else:
+        raise TypeError(
+            f"guard: a {type(store).__qualname__} cannot be a store; accepted: a list, a dict or "
+            "other mutable mapping, a collections.deque, or any object with an append() method"
+        )
+    return cls(store, checked_mode, label, checked_offload)  # type: ignore[return-value]
+
+
+def unwrap(store: S) -> S:
+    """The object a guarded store wraps; any other object is returned as it is."""
+    return store.__wrapped__ if isinstance(store, _Guarded) else store
