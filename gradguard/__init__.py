@@ -6,10 +6,19 @@ gradguard detaches what is published at that boundary, after the loss is compute
 the loss used for backward still requires grad.
 """
 
-from ._errors import GradGuardError, GraphRetentionError, GraphRetentionWarning, LossContractError
+from ._contract import check_loss
+from ._enforce import enforce
+from ._errors import (
+    GradGuardError,
+    GraphRetentionError,
+    GraphRetentionWarning,
+    LossContractError,
+    LossContractWarning,
+)
 from ._graph import pinned_bytes
 from ._policy import get_mode, set_mode
 from ._report import SiteStats, Stats, reset_stats, stats
+from ._step import forward_step
 from ._store import guard, unwrap
 from ._tree import GraphRecord, detach_tree, find_graphs, register_container, unregister_container
 
@@ -21,11 +30,15 @@ __all__ = [
     "GraphRetentionError",
     "GraphRetentionWarning",
     "LossContractError",
+    "LossContractWarning",
     "SiteStats",
     "Stats",
     "__version__",
+    "check_loss",
     "detach_tree",
+    "enforce",
     "find_graphs",
+    "forward_step",
     "get_mode",
     "guard",
     "pinned_bytes",

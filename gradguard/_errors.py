@@ -11,6 +11,7 @@ __all__ = [
     "GraphRetentionError",
     "GraphRetentionWarning",
     "LossContractError",
+    "LossContractWarning",
 ]
 
 
@@ -34,3 +35,7 @@ class GraphRetentionWarning(UserWarning):
 
     The record was detached before it was stored; the warning is emitted once per call site.
     """
+
+
+class LossContractWarning(UserWarning):
+    """A loss contract violation where the engine itself tolerates it (see the megatron adapter)."""

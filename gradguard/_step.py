@@ -1,0 +1,185 @@
+"""``@gradguard.forward_step``: keep the loss live and checked, publish everything else.
+
+Two result shapes are understood, told apart by whether the second element is callable:
+
+* verl style ``(loss, output, ...)`` (or a dict): the element at ``loss`` stays live and is checked
+  unless the call is forward-only or grad is disabled; every other element goes through the active
+  mode as one record, so messages show paths such as ``[1]['model_output']['log_probs']``.
+* Megatron style ``(output_tensor, loss_func)``: the output tensor is left alone (Megatron
+  back-propagates it); ``loss_func`` is wrapped so that its ``(loss, [num_tokens,] report)`` keeps the
+  loss live and checked and publishes the rest.
+
+The same pieces serve the engine adapters (``gradguard.engines``).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import itertools
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import torch
+import wrapt
+
+from ._contract import Params, check_loss
+from ._errors import GradGuardError, LossContractError, LossContractWarning
+from ._policy import OFF, _env_mode, resolve
+from ._publish import publish
+
+__all__ = ["LossCheck", "forward_step", "guard_loss_func", "guard_result"]
+
+Check = Literal["requires_grad", "reaches_params"] | None
+_CHECKS = ("requires_grad", "reaches_params", None)
+_MISSING = object()
+
+
+class LossCheck:
+    """One configured loss check: what to check, how often the graph walk runs, what a violation does.
+
+    ``on_violation`` is ``"raise"`` (a :class:`LossContractError`), ``"warn"`` (a
+    :class:`LossContractWarning`) or ``"off"``.
+    """
+
+    def __init__(
+        self,
+        check: Check = "requires_grad",
+        params: Params | None = None,
+        check_every: int = 1,
+        on_violation: str = "raise",
+        name: str = "scaled_loss",
+    ) -> None:
+        if check not in _CHECKS:
+            raise GradGuardError(f"check={check!r} is not accepted; accepted: {_CHECKS}")
+        if check == "reaches_params" and params is None:
+            raise GradGuardError("check='reaches_params' needs params= (a module or its parameters)")
+        if not isinstance(check_every, int) or check_every < 1:
+            raise GradGuardError(f"check_every must be a positive int, got {check_every!r}")
+        if on_violation not in ("raise", "warn", "off"):
+            raise GradGuardError(f"on_violation={on_violation!r} is not accepted; accepted: raise, warn, off")
+        self.check, self.params, self.check_every = check, params, check_every
+        self.on_violation, self.name = on_violation, name
+        self._calls = itertools.count()
+
+    def __call__(self, loss: Any) -> None:
+        if self.check is None or self.on_violation == "off":
+            return
+        walk = self.check == "reaches_params" and next(self._calls) % self.check_every == 0
+        try:
+            check_loss(loss, name=self.name, params=self.params if walk else None)
+        except LossContractError as exc:
+            if self.on_violation == "raise":
+                raise
+            warnings.warn(str(exc), LossContractWarning, stacklevel=3)
+
+
+def guard_result(result: Any, loss_key: Any, label: str, check: LossCheck | None) -> Any:
+    """verl style: check ``result[loss_key]`` and publish the rest as one record (nothing in ``off``)."""
+    mode = resolve(None)
+    if mode == OFF:
+        return result
+    if isinstance(result, Mapping):
+        if loss_key not in result:
+            raise GradGuardError(f"{label} returned a mapping without the loss key {loss_key!r}")
+        masked: Any = copy.copy(result)
+    elif isinstance(result, (tuple, list)):
+        if not isinstance(loss_key, int) or not -len(result) <= loss_key < len(result):
+            raise GradGuardError(f"{label} returned {len(result)} elements; loss={loss_key!r} is not an index of them")
+        masked = list(result)
+    else:  # a bare loss
+        if check is not None:
+            check(result)
+        return result
+    loss = result[loss_key]
+    if check is not None:
+        check(loss)
+    masked[loss_key] = None  # the loss is not published: it must stay live for backward
+    out = publish(label, mode, masked)
+    if out is masked:
+        return result
+    out[loss_key] = loss  # out is a fresh container: publish rebuilt it
+    if isinstance(result, Mapping) or type(result) is list:
+        return out
+    return type(result)._make(out) if hasattr(result, "_fields") else type(result)(out)
+
+
+def guard_loss_func(loss_func: Callable[..., Any], label: str, check: LossCheck | None) -> Callable[..., Any]:
+    """Megatron style: wrap ``loss_func`` so its loss stays live and checked and the rest is published.
+
+    ``loss_func(output, non_loss_data=True)`` (Megatron's ``collect_non_loss_data``) returns data,
+    not a loss: all of it is published.
+    """
+
+    def guarded_loss_func(*args: Any, **kwargs: Any) -> Any:
+        out = loss_func(*args, **kwargs)
+        if kwargs.get("non_loss_data"):
+            return publish(label, resolve(None), out)  # off: publish passes it through
+        if isinstance(out, (tuple, list)) and len(out) >= 2:
+            return guard_result(out, 0, label, check)
+        return out
+
+    guarded_loss_func.__wrapped__ = loss_func  # type: ignore[attr-defined]
+    return guarded_loss_func
+
+
+def forward_step(
+    fn: Callable[..., Any] | None = None,
+    *,
+    loss: Any = 0,
+    forward_only: str | None = "forward_only",
+    check: Check = "requires_grad",
+    params: Params | None = None,
+    check_every: int = 1,
+) -> Any:
+    """Decorate an engine's ``forward_step`` (function or method); usable bare or with options.
+
+    ``loss`` is the index (or dict key) of the live loss in a verl-style result; ``forward_only``
+    names the argument that marks forward-only calls (their loss is not checked); ``check`` is
+    ``"requires_grad"``, ``"reaches_params"`` (needs ``params``) or ``None``; ``check_every=N`` runs
+    the ``reaches_params`` graph walk on every N-th call only. Name, docstring and signature are
+    kept. With ``GRADGUARD=off`` at decoration time the function itself is returned.
+    """
+    loss_check = LossCheck(check, params, check_every) if check is not None else None
+
+    def decorate(func: Callable[..., Any]) -> Any:
+        if _env_mode() == OFF:
+            return func
+        label = getattr(func, "__qualname__", repr(func))
+        locate = _arg_locator(func, forward_only)
+
+        def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            result = wrapped(*args, **kwargs)
+            if isinstance(result, (tuple, list)) and len(result) == 2 and callable(result[1]) and not callable(result[0]):
+                loss_func = guard_loss_func(result[1], f"{label} loss_func", loss_check)
+                return type(result)((result[0], loss_func))
+            skip = not torch.is_grad_enabled() or bool(locate(instance, args, kwargs))
+            return guard_result(result, loss, label, None if skip else loss_check)
+
+        return wrapt.FunctionWrapper(func, wrapper)
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def _arg_locator(func: Callable[..., Any], name: str | None) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]:
+    """A fast reader of argument ``name`` from a call's ``(instance, args, kwargs)``; ``None`` if absent."""
+    try:
+        parameters = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    names = [p.name for p in parameters]
+    if name is None or name not in names:
+        return lambda instance, args, kwargs: kwargs.get(name) if name else None
+    index = names.index(name)
+    default = parameters[index].default
+    default = None if default is inspect.Parameter.empty else default
+    takes_self = bool(names) and names[0] in ("self", "cls")
+
+    def locate(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if name in kwargs:
+            return kwargs[name]
+        i = index - 1 if instance is not None and takes_self else index
+        return args[i] if 0 <= i < len(args) else default
+
+    return locate

@@ -1,0 +1,81 @@
+"""torch.distributed.pipelining: after ``step()``, nothing the schedule hands back or keeps carries a graph.
+
+When a training ``step()`` returns, backward has run, yet torch still hands out graphs: the losses
+it copies into the user's ``losses`` list, the merged output of ``return_outputs=True`` (a
+``CatBackward0`` when the last stage returns a view), and the last stage's ``output_chunks`` entries
+that are views (torch ``detach_()``es only the others). ``eval()`` keeps every graph, saved tensors
+included. The adapter wraps ``PipelineScheduleSingle.step``, ``PipelineScheduleMulti.step`` and
+``_PipelineSchedule.eval`` and, after the original returns, detaches all of these (the user's list is
+updated in place). These graphs are torch's own, not a user's mistake, so in ``warn`` and ``raise``
+modes too they are detached and counted, never warned about or refused; ``off`` does nothing.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from .._policy import DETACH, OFF, resolve
+from .._publish import publish, publish_many
+from . import _patch
+
+__all__ = ["MODULES", "instrument", "uninstrument", "version"]
+
+MODULES = ("torch.distributed.pipelining.schedules",)
+_TARGETS = (("PipelineScheduleSingle", "step"), ("PipelineScheduleMulti", "step"), ("_PipelineSchedule", "eval"))
+
+
+def version() -> str | None:
+    """The torch version (pipelining ships with torch)."""
+    return torch.__version__
+
+
+def _stages(schedule: Any) -> list[Any]:
+    stages = getattr(schedule, "_stages", None)
+    if stages is None:
+        stage = getattr(schedule, "_stage", None)
+        stages = [] if stage is None else [stage]
+    return list(stages)
+
+
+def _release(schedule: Any, losses: Any, result: Any) -> Any:
+    """Detach the step's losses (in place), every stage's kept outputs, and the returned output."""
+    if resolve(None) == OFF:
+        return result
+    if isinstance(losses, list) and losses:
+        losses[:] = publish_many("pipelining.losses", DETACH, list(losses))
+    for stage in _stages(schedule):
+        chunks = getattr(stage, "output_chunks", None)
+        if isinstance(chunks, list) and chunks:
+            chunks[:] = publish_many("pipelining.output_chunks", DETACH, list(chunks))
+        cache = getattr(stage, "fwd_cache", None)
+        if isinstance(cache, dict) and cache:  # only non-empty after eval(): backward pops it
+            for key, entry in list(cache.items()):
+                cache[key] = publish("pipelining.fwd_cache", DETACH, entry)
+    return publish("pipelining.step_output", DETACH, result)
+
+
+def _step(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    result = wrapped(*args, **kwargs)
+    if not getattr(instance, "_has_backward", False):
+        return result  # no backward ran (eval, forward-only): eval's wrapper or the caller decides
+    return _release(instance, kwargs.get("losses"), result)
+
+
+def _eval(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    result = wrapped(*args, **kwargs)
+    return _release(instance, kwargs.get("losses"), result)
+
+
+def instrument(module: ModuleType) -> None:
+    """Patch the schedule classes of ``torch.distributed.pipelining.schedules`` (idempotent)."""
+    for cls_name, attr in _TARGETS:
+        _patch.install(getattr(module, cls_name), attr, _eval if attr == "eval" else _step)
+
+
+def uninstrument(module: ModuleType) -> None:
+    """Restore the original methods."""
+    for cls_name, attr in _TARGETS:
+        _patch.uninstall(getattr(module, cls_name), attr)
