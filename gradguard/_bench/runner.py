@@ -1,0 +1,102 @@
+"""Run each scenario unguarded and guarded, side by side, and collect the numbers of the JSON schema."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import gradguard
+
+from .._memory import MemoryMeter
+from .scenarios import Size, build
+
+__all__ = ["machine_line", "run_scenario", "slope"]
+
+
+def slope(values: list[int]) -> float:
+    """Least-squares slope of ``values`` against their index (bytes per micro-batch)."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean_x = (n - 1) / 2
+    mean_y = sum(values) / n
+    num = sum((i - mean_x) * (v - mean_y) for i, v in enumerate(values))
+    den = sum((i - mean_x) ** 2 for i in range(n))
+    return num / den
+
+
+def machine_line(device: torch.device) -> str:
+    """Platform, CPU model, cores, accelerator, python and torch versions, in one line."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+
+    parts = [platform.platform(), cpu, f"{os.cpu_count()} cores"]
+    if device.type == "cuda":
+        parts.append(torch.cuda.get_device_name(device))
+    parts += [f"python {platform.python_version()}", f"torch {torch.__version__} ({torch.get_num_threads()} threads)"]
+    return ", ".join(parts)
+
+
+def _one_run(
+    name: str, device: torch.device, size: Size, micro_batches: int, guarded: bool, tick: Callable[[], None]
+) -> tuple[dict[str, Any], list[torch.Tensor | None], tuple[int, int]]:
+    scenario = build(name, device, size)
+    scenario.step(micro_batches, [], guarded)  # warm-up (lazy initialisation), outside the measurement
+    for p in scenario.model.parameters():
+        p.grad = None
+    allocated: list[int] = []
+    times: list[float] = []
+    # The guarded run pins the mode, so a GRADGUARD in the environment cannot turn it into another one.
+    with MemoryMeter(device) as meter, gradguard.enforce(mode="detach" if guarded else "off", engines="none"):
+        store = scenario.new_store(guarded)
+        meter.read()
+        for i in range(micro_batches):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            scenario.step(i, store, guarded)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+            allocated.append(meter.read())
+            tick()
+        run = {
+            "micro_batches": micro_batches,
+            "growth_bytes_per_microbatch": slope(allocated),
+            "peak_bytes": meter.peak(),
+            "allocated_bytes": allocated,
+            "step_time_median_s": statistics.median(times),
+        }
+        grads = [p.grad.detach().clone() if p.grad is not None else None for p in scenario.model.parameters()]
+        del store
+    expected = (scenario.expected_pinned_bytes_per_microbatch, scenario.record_bytes_per_microbatch)
+    return run, grads, expected
+
+
+def run_scenario(
+    name: str, device: torch.device, size: Size, micro_batches: int, tick: Callable[[], None] = lambda: None
+) -> dict[str, Any]:
+    """Both runs of one scenario and what they are compared against, as the JSON schema has it."""
+    unguarded, grads_u, (pinned, record) = _one_run(name, device, size, micro_batches, False, tick)
+    guarded, grads_g, _ = _one_run(name, device, size, micro_batches, True, tick)
+    equal = len(grads_u) == len(grads_g) and all(
+        (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+        for a, b in zip(grads_u, grads_g)
+    )
+    return {
+        "expected_pinned_bytes_per_microbatch": pinned,
+        "record_bytes_per_microbatch": record,
+        "grads_equal": bool(equal),
+        "unguarded": unguarded,
+        "guarded": guarded,
+    }

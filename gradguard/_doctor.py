@@ -1,0 +1,58 @@
+"""``gradguard doctor``: what gradguard sees on this machine, and whether ``GRADGUARD`` is valid."""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+
+import torch
+
+from . import __version__, engines
+from ._errors import GradGuardError
+from ._policy import ENV_VAR, _reload_env, mode_source
+
+__all__ = ["doctor"]
+
+
+def _te_status() -> str:
+    if importlib.util.find_spec("transformer_engine") is None:
+        return "not installed (pip install 'gradguard[te]' on a CUDA machine)"
+    try:
+        import transformer_engine.pytorch as te  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - TE fails in many ways without its CUDA libraries
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return f"installed but does not import: {type(exc).__name__}: {first}"
+    import transformer_engine
+
+    return f"importable, version {getattr(transformer_engine, '__version__', '?')}"
+
+
+def doctor() -> int:
+    """Print the report; return 1 when ``GRADGUARD`` holds an invalid value, else 0."""
+    lines = [
+        f"gradguard {__version__}, python {platform.python_version()}",
+        f"torch {torch.__version__} (CUDA build: {torch.version.cuda or 'none'}, debug: {torch.version.debug})",
+    ]
+    if torch.cuda.is_available():
+        lines.append(f"CUDA: {torch.cuda.device_count()} device(s), 0: {torch.cuda.get_device_name(0)}")
+    else:
+        lines.append("CUDA: not available")
+    lines.append(f"Transformer Engine: {_te_status()}")
+    for name in engines.KNOWN:
+        adapter = engines.load(name)
+        found = [m for m in adapter.MODULES if importlib.util.find_spec(m.split(".")[0]) is not None]
+        version = adapter.version()
+        if found and version:
+            lines.append(f"engine {name}: would install on import of {', '.join(adapter.MODULES)} (found {version})")
+        else:
+            lines.append(f"engine {name}: not installed; the adapter waits for {', '.join(adapter.MODULES)}")
+    status = 0
+    _reload_env()
+    try:
+        mode, source = mode_source()
+        lines.append(f"mode: {mode} (from {source})")
+    except GradGuardError as exc:
+        lines.append(f"mode: INVALID {ENV_VAR}: {exc}")
+        status = 1
+    print("\n".join(lines))
+    return status
