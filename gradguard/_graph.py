@@ -43,7 +43,8 @@ def pinned_bytes(obj: Any) -> int:
 
     Not visible, so not counted: memory held by hooks as opaque objects (a non-reentrant
     checkpoint's recomputation state, offload holders that are not tensors), the C++ node objects
-    themselves, parameters and their gradients (they outlive any record anyway), and tensors held
+    themselves, parameters, views of them saved for backward (``addmm`` saves ``weight.t()``) and
+    their gradients (they outlive any record anyway), and tensors held
     by Python closures or ``ctx`` attributes other than ``save_for_backward``.
     """
     roots = [t.grad_fn for _, t in _iter_tensors(obj) if t.grad_fn is not None]
@@ -52,7 +53,7 @@ def pinned_bytes(obj: Any) -> int:
 
     def add(t: Any) -> None:
         nonlocal total
-        if not isinstance(t, torch.Tensor):
+        if not isinstance(t, torch.Tensor) or _is_parameter(t):
             return
         key, nbytes = _storage_key(t)
         if key not in counted:
@@ -62,13 +63,18 @@ def pinned_bytes(obj: Any) -> int:
     for node in _nodes(roots):
         leaf = getattr(node, "variable", None)  # only AccumulateGrad has one
         if leaf is not None:
-            if not isinstance(leaf, nn.Parameter):
+            if not _is_parameter(leaf):
                 add(leaf)
                 add(leaf.grad)
             continue
         for data in _saved_data(node):
             add(data)
     return total
+
+
+def _is_parameter(t: torch.Tensor) -> bool:
+    """A parameter or a view of one (``addmm`` saves ``weight.t()``): memory that outlives records."""
+    return isinstance(t, nn.Parameter) or isinstance(getattr(t, "_base", None), nn.Parameter)
 
 
 def _storage_key(t: torch.Tensor) -> tuple[tuple[Any, int], int]:

@@ -21,7 +21,7 @@ import copy
 import dataclasses
 import threading
 import types
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -184,6 +184,8 @@ def _slow(root: Any, leaf: Callable[[torch.Tensor], torch.Tensor] = _detach_leaf
     open_ids: set[int] = set()
     looped: set[int] = set()
     stack: list[_Frame] = []
+    # ids stay unique only while their objects live; a flatten may hand out fresh containers
+    keep_alive: list[Any] = []
 
     def enter(obj: Any) -> Any:
         if isinstance(obj, _Tensor):
@@ -201,6 +203,7 @@ def _slow(root: Any, leaf: Callable[[torch.Tensor], torch.Tensor] = _detach_leaf
             return obj
         stack.append(_Frame(obj, spec))
         open_ids.add(oid)
+        keep_alive.append(obj)
         return _PUSHED
 
     result = enter(root)
@@ -408,7 +411,9 @@ def _mapping_unflatten(values: list[Any], context: Any) -> Any:
         return dict(zip(keys, values))
     if isinstance(original, types.MappingProxyType):
         return types.MappingProxyType(dict(zip(keys, values)))
-    if isinstance(original, MutableMapping):
+    first_error: Exception | None = None
+    if isinstance(original, (dict, collections.UserDict)):
+        # Their shallow copy owns its items: it keeps the exact type, default_factory, attributes.
         try:
             new = copy.copy(original)
             for k, v in zip(keys, values):
@@ -416,9 +421,9 @@ def _mapping_unflatten(values: list[Any], context: Any) -> Any:
                     new[k] = v
             return new
         except Exception as exc:  # a mapping that refuses mutation: try its constructor below
-            first_error: Exception | None = exc
-    else:
-        first_error = None
+            first_error = exc
+    # Any other mapping: a shallow copy may share its storage (an attribute dict) with the
+    # original, so writing into it would mutate the input; rebuild through the constructor.
     try:
         return type(original)(zip(keys, values))
     except Exception as exc:
@@ -453,9 +458,16 @@ def _list_subclass_unflatten(values: list[Any], original: Any) -> Any:
 
 
 def _deque_unflatten(values: list[Any], original: collections.deque[Any]) -> Any:
-    new = copy.copy(original)  # keeps maxlen and a subclass's attributes
-    new.clear()
-    new.extend(values)
+    # Not copy.copy: deque.__copy__ rebuilds a subclass as type(d)(d, maxlen), which drops its
+    # attributes and calls its __init__. Build the same type, keep maxlen and the instance dict.
+    cls = type(original)
+    if cls is collections.deque:
+        return collections.deque(values, original.maxlen)
+    new = cls.__new__(cls)
+    collections.deque.__init__(new, values, original.maxlen)
+    state = getattr(original, "__dict__", None)
+    if state:
+        new.__dict__.update(state)
     return new
 
 
