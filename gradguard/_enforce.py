@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextvars
 import importlib
+import inspect
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -30,6 +31,7 @@ _lock = threading.RLock()
 _counts: dict[tuple[str, ...], int] = {}
 _instrumented: set[str] = set()  # "engine:module" pairs currently patched
 _hooked: set[str] = set()  # post-import hooks registered (wrapt cannot remove them; they check _counts)
+_store_owners: dict[tuple[str, ...], tuple[Any, str]] = {}  # installed store key -> (owner, attr) patched
 _scopes: contextvars.ContextVar[tuple[contextvars.Token[Mode | None], ...]] = contextvars.ContextVar(
     "gradguard_enforce_scopes", default=()
 )
@@ -111,26 +113,43 @@ def _store_items(stores: Mapping[str, str] | None) -> list[tuple[str, str]]:
 
 
 def _acquire(keys: list[tuple[str, ...]]) -> None:
+    """Take one reference on each key, installing on the first; all or nothing.
+
+    A key whose install fails is not counted (there is nothing to uninstall), and the references
+    already taken by this call are given back, so a failed enter leaves nothing installed.
+    """
     with _lock:
         done: list[tuple[str, ...]] = []
         try:
             for key in keys:
                 _counts[key] = _counts.get(key, 0) + 1
-                done.append(key)
                 if _counts[key] == 1:
-                    _install(key)
+                    try:
+                        _install(key)
+                    except BaseException:
+                        del _counts[key]
+                        raise
+                done.append(key)
         except BaseException:
             _release(done)
             raise
 
 
 def _release(keys: list[tuple[str, ...]]) -> None:
+    """Give back one reference on each key, uninstalling on the last; every key is processed even
+    when an uninstall fails (the first failure is raised afterwards)."""
     with _lock:
+        error: BaseException | None = None
         for key in reversed(keys):
             _counts[key] -= 1
             if _counts[key] == 0:
                 del _counts[key]
-                _uninstall(key)
+                try:
+                    _uninstall(key)
+                except BaseException as exc:  # noqa: BLE001 - re-raised once the rest is restored
+                    error = error or exc
+        if error is not None:
+            raise error
 
 
 def _install(key: tuple[str, ...]) -> None:
@@ -144,7 +163,13 @@ def _install(key: tuple[str, ...]) -> None:
                 wrapt.register_post_import_hook(_on_import_hook(key, adapter), module_name)
     else:
         owner, attr, index = _resolve_store(key[1], key[2])
+        if _patch.is_installed(owner, attr):  # install would be a silent no-op, uninstall premature
+            raise GradGuardError(
+                f"stores target {key[1]!r} is already patched by gradguard (an enclosing enforce guards "
+                f"another of its arguments, or an engine adapter patches it); cannot also guard {key[2]!r}"
+            )
         _patch.install(owner, attr, _store_wrapper(key[1], key[2], index))
+        _store_owners[key] = (owner, attr)
 
 
 def _uninstall(key: tuple[str, ...]) -> None:
@@ -156,7 +181,9 @@ def _uninstall(key: tuple[str, ...]) -> None:
                 _instrumented.discard(tag)
                 adapter.uninstrument(sys.modules[module_name])
     else:
-        owner, attr, _ = _resolve_store(key[1], key[2])
+        # Restore what was patched, not what the target resolves to now (the module may be gone
+        # from sys.modules or re-imported as a new object).
+        owner, attr = _store_owners.pop(key)
         _patch.uninstall(owner, attr)
 
 
@@ -195,7 +222,7 @@ def _resolve_store(target: str, arg: str) -> tuple[Any, str, int]:
         index = _patch.arg_index(func, arg)
     except (ValueError, TypeError) as exc:
         raise GradGuardError(f"stores target {target!r}: {exc}") from exc
-    if isinstance(owner, type) and not isinstance(vars(owner).get(attr), (staticmethod, classmethod)):
+    if isinstance(owner, type) and not isinstance(inspect.getattr_static(owner, attr), (staticmethod, classmethod)):
         index -= 1  # called through an instance or the class: wrapt passes args without self
     return owner, attr, index
 

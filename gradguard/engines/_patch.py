@@ -17,20 +17,28 @@ _lock = threading.RLock()
 _patched: dict[tuple[int, str], tuple[Any, Any, Any]] = {}  # (id(owner), attr) -> (owner, original, wrapper)
 
 
+_INHERITED = object()  # marks a class attribute that lived on a base class: uninstall deletes the override
+
+
 def _current(owner: Any, attr: str) -> Any:
-    # For classes read the class __dict__: a staticmethod/classmethod descriptor must come back as is.
-    return vars(owner)[attr] if isinstance(owner, type) else getattr(owner, attr)
+    # For classes read the class __dict__ (along the MRO): a staticmethod/classmethod descriptor
+    # must come back as is.
+    return inspect.getattr_static(owner, attr) if isinstance(owner, type) else getattr(owner, attr)
 
 
 def install(owner: Any, attr: str, wrapper: Callable[..., Any]) -> None:
-    """Replace ``owner.attr`` with a ``wrapt.FunctionWrapper`` calling ``wrapper(wrapped, instance, args, kwargs)``."""
+    """Replace ``owner.attr`` with a ``wrapt.FunctionWrapper`` calling ``wrapper(wrapped, instance, args, kwargs)``.
+
+    A method a class inherits is wrapped on that class; ``uninstall`` then removes the override.
+    """
     with _lock:
         if (id(owner), attr) in _patched:
             return
-        original = _current(owner, attr)
-        replacement = wrapt.FunctionWrapper(original, wrapper)
+        current = _current(owner, attr)
+        inherited = isinstance(owner, type) and attr not in vars(owner)
+        replacement = wrapt.FunctionWrapper(current, wrapper)
         setattr(owner, attr, replacement)
-        _patched[(id(owner), attr)] = (owner, original, replacement)
+        _patched[(id(owner), attr)] = (owner, _INHERITED if inherited else current, replacement)
 
 
 def uninstall(owner: Any, attr: str) -> None:
@@ -41,7 +49,10 @@ def uninstall(owner: Any, attr: str) -> None:
             return
         _, original, replacement = entry
         if _current(owner, attr) is replacement:
-            setattr(owner, attr, original)
+            if original is _INHERITED:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, original)
         else:
             logger.warning("gradguard: %r.%s was re-patched by someone else; leaving it in place", owner, attr)
 
