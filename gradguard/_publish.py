@@ -61,7 +61,8 @@ def _settle(store: str, mode: Mode, changed: list[tuple[Any, Any]]) -> None:
             if graphs:
                 report_graphs(store, mode, original, graphs, n, where)
     for original, graphs, n in inspected:
-        if graphs:
+        if graphs:  # may raise (a warning an "error" filter turns into an exception): count nothing else
             report_graphs(store, mode, original, graphs, n, where)
-        else:
-            count_clean(store)  # only graph-less leaves that require grad were detached
+    leaves_only = sum(1 for _, graphs, _ in inspected if not graphs)
+    if leaves_only:
+        count_clean(store, leaves_only)  # only graph-less leaves that require grad were detached

@@ -109,7 +109,10 @@ def report_graphs(
     """Account one record that carried ``graphs``, then warn or raise as ``mode`` says.
 
     ``record`` is the original (undetached) record, used for the once-per-site byte estimate.
-    In ``raise`` mode this raises :class:`GraphRetentionError` and counts nothing.
+    In ``raise`` mode this raises :class:`GraphRetentionError` and counts nothing. In ``warn`` mode
+    the warning comes before the counting: when a warnings filter turns it into an exception, the
+    record is refused like in ``raise`` mode (nothing counted, nothing stored) and the site is not
+    marked as warned, so it raises again next time, as an ``error`` filter does for any warning.
     """
     site = f"{where[0]}:{where[1]}"
     key = (store, site)
@@ -118,6 +121,22 @@ def report_graphs(
     estimate = entry.pinned_bytes_per_record if entry is not None else pinned_bytes(record)
     if mode == RAISE:
         raise GraphRetentionError(_message(store, site, graphs, estimate, refused=True))
+    if mode == WARN:
+        with _lock:
+            warn = key not in _warned
+            _warned.add(key)  # claimed before warning: one warning per site across threads
+        if warn:
+            try:
+                warnings.warn_explicit(
+                    _message(store, site, graphs, estimate, refused=False),
+                    GraphRetentionWarning,
+                    where[0],
+                    where[1],
+                )
+            except BaseException:
+                with _lock:
+                    _warned.discard(key)
+                raise
     with _lock:
         entry = _sites.get(key)
         first = entry is None
@@ -126,18 +145,8 @@ def report_graphs(
         entry.records += 1
         entry.tensors_detached += n_detached
         entry.pinned_bytes_released += entry.pinned_bytes_per_record
-        warn = mode == WARN and key not in _warned
-        if warn:
-            _warned.add(key)
     if first:
         logger.debug("gradguard: first graph-carrying record at %s into %s (~%s pinned)", site, store, _human(estimate))
-    if warn:
-        warnings.warn_explicit(
-            _message(store, site, graphs, estimate, refused=False),
-            GraphRetentionWarning,
-            where[0],
-            where[1],
-        )
 
 
 def _message(store: str, site: str, graphs: list[GraphRecord], estimate: int, *, refused: bool) -> str:

@@ -1,0 +1,258 @@
+"""``gradguard.stats()``: per-site counters, the once-per-site byte estimate, the table, the log, and
+consistency under concurrent appends."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import gradguard
+from gradguard import _report
+
+HERE = os.path.abspath(__file__)
+UNRESOLVED = "(no graph: site not resolved)"
+
+
+@pytest.fixture(autouse=True)
+def _clean_state() -> Iterator[None]:
+    previous = gradguard.set_mode(None)
+    gradguard.reset_stats()
+    yield
+    gradguard.set_mode(previous)
+    gradguard.reset_stats()
+
+
+def lineno() -> int:
+    return sys._getframe(1).f_lineno
+
+
+def record(n: int = 256) -> dict[str, Any]:
+    """Two graph-carrying tensors over one fresh leaf of ``n`` float32 (pins ``4 n`` bytes)."""
+    leaf = torch.ones(n, requires_grad=True)
+    return {"loss": 1.0, "model_output": {"log_probs": leaf + 1, "entropy": leaf - 1}}
+
+
+def clean() -> dict[str, Any]:
+    return {"loss": 1.0, "model_output": {"log_probs": torch.zeros(2)}}
+
+
+class CountingPinnedBytes:
+    """A spy standing in for ``gradguard._report.pinned_bytes``."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.real = _report.pinned_bytes
+
+    def __call__(self, obj: Any) -> int:
+        self.calls += 1
+        return int(self.real(obj))
+
+
+@pytest.fixture
+def spy(monkeypatch: pytest.MonkeyPatch) -> CountingPinnedBytes:
+    counting = CountingPinnedBytes()
+    monkeypatch.setattr(_report, "pinned_bytes", counting)
+    return counting
+
+
+def test_per_site_records_tensors_and_bytes(spy: CountingPinnedBytes) -> None:
+    store = gradguard.guard([], name="output_lst")
+    for _ in range(10):
+        line_a = lineno() + 1
+        store.append(record())
+    line_b = lineno() + 1
+    store.extend([record(), record(), clean()])
+    for _ in range(4):
+        store.append(clean())
+
+    rows = gradguard.stats()
+    assert isinstance(rows, gradguard.Stats)
+    assert set(rows) == {("output_lst", f"{HERE}:{line_a}"), ("output_lst", f"{HERE}:{line_b}"), ("output_lst", UNRESOLVED)}
+    a = rows[("output_lst", f"{HERE}:{line_a}")]
+    assert isinstance(a, gradguard.SiteStats)
+    assert (a.store, a.site) == ("output_lst", f"{HERE}:{line_a}")
+    assert a.records == 10
+    assert a.tensors_detached == 20  # two tensors per record
+    assert a.pinned_bytes_per_record == 256 * 4  # the shared leaf, counted once per record
+    assert a.pinned_bytes_released == 10 * 256 * 4
+    b = rows[("output_lst", f"{HERE}:{line_b}")]
+    assert (b.records, b.tensors_detached, b.pinned_bytes_released) == (2, 4, 2 * 1024)
+    assert rows[("output_lst", UNRESOLVED)].records == 5  # 1 from extend + 4 appends
+    assert rows[("output_lst", UNRESOLVED)].tensors_detached == 0
+    assert spy.calls == 2  # one estimate per site, not per record
+
+
+def test_pinned_bytes_estimated_once_for_many_appends_from_one_line(spy: CountingPinnedBytes) -> None:
+    store = gradguard.guard([], name="once")
+    for _ in range(50):
+        store.append(record())
+    assert spy.calls == 1
+    (row,) = [s for s in gradguard.stats().values() if s.site != UNRESOLVED]
+    assert row.records == 50 and row.pinned_bytes_released == 50 * row.pinned_bytes_per_record
+
+
+def test_clean_records_never_estimate_nor_walk_frames(spy: CountingPinnedBytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_frames() -> tuple[str, int]:
+        raise AssertionError("site attribution ran for a clean record")
+
+    monkeypatch.setattr("gradguard._publish.caller", no_frames)
+    store = gradguard.guard([], name="clean_only")
+    for _ in range(20):
+        store.append(clean())
+    store.extend([clean(), clean()])
+    assert spy.calls == 0
+    assert gradguard.stats() == {("clean_only", UNRESOLVED): gradguard.SiteStats("clean_only", UNRESOLVED, records=22)}
+
+
+def test_stores_are_kept_apart() -> None:
+    first = gradguard.guard([], name="first")
+    second = gradguard.guard({}, name="second")
+    line = lineno() + 1
+    first.append(record()); second["k"] = record()  # noqa: E702 - one line, two stores
+    rows = gradguard.stats()
+    assert rows[("first", f"{HERE}:{line}")].records == 1
+    assert rows[("second", f"{HERE}:{line}")].records == 1
+
+
+def test_stats_is_a_snapshot() -> None:
+    store = gradguard.guard([], name="snap")
+    store.append(clean())
+    snapshot = gradguard.stats()
+    store.append(clean())
+    assert snapshot[("snap", UNRESOLVED)].records == 1
+    snapshot[("snap", UNRESOLVED)].records = 99
+    assert gradguard.stats()[("snap", UNRESOLVED)].records == 2
+
+
+def test_str_is_a_readable_table() -> None:
+    store = gradguard.guard([], name="forward_data_store")
+    for _ in range(3):
+        line = lineno() + 1
+        store.append(record(1024))
+    store.append(clean())
+    table = str(gradguard.stats())
+    lines = table.splitlines()
+    assert len(lines) == 4  # header, rule, two rows
+    for column in ("store", "site", "records", "tensors detached", "pinned"):
+        assert column in lines[0]
+    assert set(lines[1].replace(" ", "")) == {"-"}
+    graph_row = next(row for row in lines[2:] if f"{HERE}:{line}" in row)
+    assert graph_row.split()[0] == "forward_data_store"
+    assert graph_row.split()[2:4] == ["3", "6"]  # records, tensors detached
+    assert "12.0 KiB" in graph_row  # 3 records x 4 KiB leaf
+    clean_row = next(row for row in lines[2:] if UNRESOLVED in row)
+    assert clean_row.startswith("forward_data_store") and " 1 " in clean_row
+    assert str(gradguard.Stats()).splitlines()[0].split()[0] == "store"  # empty: header only
+
+
+def test_reset_stats_clears_everything() -> None:
+    store = gradguard.guard([], name="reset")
+    store.append(record())
+    store.append(clean())
+    assert len(gradguard.stats()) == 2
+    gradguard.reset_stats()
+    assert gradguard.stats() == {}
+    assert str(gradguard.stats()).count("\n") == 1  # header and rule only
+
+
+def test_debug_log_on_first_seen_site(caplog: pytest.LogCaptureFixture) -> None:
+    store = gradguard.guard([], name="logged")
+    with caplog.at_level(logging.DEBUG, logger="gradguard"):
+        for _ in range(5):
+            line = lineno() + 1
+            store.append(record())
+        store.append(clean())
+    ours = [r for r in caplog.records if r.name == "gradguard" and "first" in r.getMessage()]
+    assert len(ours) == 1
+    assert ours[0].levelno == logging.DEBUG
+    assert f"{HERE}:{line}" in ours[0].getMessage() and "logged" in ours[0].getMessage()
+
+
+def test_no_debug_log_above_debug(caplog: pytest.LogCaptureFixture) -> None:
+    store = gradguard.guard([], name="quiet")
+    with caplog.at_level(logging.INFO, logger="gradguard"):
+        store.append(record())
+    assert [r for r in caplog.records if r.name == "gradguard"] == []
+
+
+def test_raise_mode_counts_nothing(spy: CountingPinnedBytes) -> None:
+    store = gradguard.guard([], name="strict", mode="raise")
+    with pytest.raises(gradguard.GraphRetentionError):
+        store.extend([clean(), record()])
+    assert gradguard.stats() == {}
+
+
+def test_graphless_leaves_are_counted_clean() -> None:
+    store = gradguard.guard([], name="leaves")
+    store.extend([{"leaf": torch.ones(2, requires_grad=True)}, clean(), record()])
+    rows = gradguard.stats()
+    assert rows[("leaves", UNRESOLVED)].records == 2
+    assert sum(s.records for s in rows.values()) == 3
+
+
+def test_warn_mode_stats_count_every_record_but_warn_once() -> None:
+    store = gradguard.guard([], name="warned", mode="warn")
+    with pytest.warns(gradguard.GraphRetentionWarning):
+        for _ in range(4):
+            store.append(record())
+    (row,) = gradguard.stats().values()
+    assert row.records == 4 and row.tensors_detached == 8
+
+
+# --------------------------------------------------------------------------------------------------
+# concurrency
+# --------------------------------------------------------------------------------------------------
+
+THREADS = 8
+PER_THREAD = 2000
+
+
+def test_threads_lose_nothing_and_stats_stay_consistent() -> None:
+    original: list[Any] = []
+    store = gradguard.guard(original, name="shared")
+    leaf = torch.ones(4, requires_grad=True)
+    barrier = threading.Barrier(THREADS)
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        try:
+            barrier.wait()
+            for i in range(PER_THREAD):
+                if i % 2:
+                    store.append({"k": k, "i": i, "out": leaf * float(i)})  # carries MulBackward0
+                else:
+                    store.append({"k": k, "i": i, "out": torch.zeros(1)})
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(THREADS)]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # force interleaving
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert errors == []
+
+    assert len(original) == THREADS * PER_THREAD
+    assert sorted((r["k"], r["i"]) for r in original) == [(k, i) for k in range(THREADS) for i in range(PER_THREAD)]
+    assert all(r["out"].grad_fn is None and not r["out"].requires_grad for r in original)
+
+    rows = gradguard.stats()
+    assert all(name == "shared" for name, _ in rows)
+    assert sum(s.records for s in rows.values()) == THREADS * PER_THREAD
+    assert rows[("shared", UNRESOLVED)].records == THREADS * PER_THREAD // 2
+    graph_rows = [s for (_, site), s in rows.items() if site != UNRESOLVED]
+    assert len(graph_rows) == 1  # one line appended graphs
+    assert graph_rows[0].records == graph_rows[0].tensors_detached == THREADS * PER_THREAD // 2
+    assert graph_rows[0].pinned_bytes_released == graph_rows[0].records * graph_rows[0].pinned_bytes_per_record
