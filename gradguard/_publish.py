@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ._policy import OFF, RAISE, Mode
-from ._report import caller, count_clean, report_graphs
-from ._tree import _iter_tensors, _record, detach_tree
+from ._report import caller, count_clean, graph_seen
+from ._tree import detach_counted, find_graphs
 
 __all__ = ["publish", "publish_many"]
 
@@ -27,11 +27,12 @@ def publish(store: str, mode: Mode, value: Any, offload: Offload | None = None) 
     """
     if mode == OFF:
         return value
-    new = detach_tree(value)
+    count = [0]
+    new = detach_counted(value, count)
     if new is value:
         count_clean(store)
     else:
-        _settle(store, mode, [(value, new)])
+        graph_seen(store, mode, value, count[0], caller())
     return new if offload is None else offload(new)
 
 
@@ -39,30 +40,17 @@ def publish_many(store: str, mode: Mode, values: list[Any], offload: Offload | N
     """:func:`publish` for a batch: in ``raise`` mode one offending value refuses the whole batch."""
     if mode == OFF:
         return values
-    news = [detach_tree(v) for v in values]
-    changed = [(v, n) for v, n in zip(values, news) if n is not v]
-    clean = len(values) - len(changed)
+    counts = [[0] for _ in values]
+    news = [detach_counted(v, c) for v, c in zip(values, counts)]
+    changed = [(v, c[0]) for v, n, c in zip(values, news, counts) if n is not v]
     if changed:
-        _settle(store, mode, changed)
-    if clean:
-        count_clean(store, clean)
+        where = caller()
+        if mode == RAISE:  # refuse the whole batch before counting any of it
+            for original, _ in changed:
+                if find_graphs(original):
+                    graph_seen(store, mode, original, 0, where)
+        for original, n in changed:
+            graph_seen(store, mode, original, n, where)
+    if len(changed) < len(values):
+        count_clean(store, len(values) - len(changed))
     return news if offload is None else [offload(n) for n in news]
-
-
-def _settle(store: str, mode: Mode, changed: list[tuple[Any, Any]]) -> None:
-    where = caller()
-    inspected = []
-    for original, _ in changed:
-        requiring = [(p, t) for p, t in _iter_tensors(original) if t.requires_grad]
-        graphs = [_record(t, p) for p, t in requiring if t.grad_fn is not None]
-        inspected.append((original, graphs, len(requiring)))
-    if mode == RAISE:  # refuse before counting anything
-        for original, graphs, n in inspected:
-            if graphs:
-                report_graphs(store, mode, original, graphs, n, where)
-    for original, graphs, n in inspected:
-        if graphs:  # may raise (a warning an "error" filter turns into an exception): count nothing else
-            report_graphs(store, mode, original, graphs, n, where)
-    leaves_only = sum(1 for _, graphs, _ in inspected if not graphs)
-    if leaves_only:
-        count_clean(store, leaves_only)  # only graph-less leaves that require grad were detached

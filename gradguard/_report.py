@@ -1,8 +1,8 @@
 """What happens once a graph is found: the call site, the stats, the warning or the error.
 
-Nothing here runs for a record that carries no graph except :func:`count_clean`, a locked counter:
-site attribution (a frame walk) and the pinned-bytes estimate only happen on the graph path, and
-the estimate only once per site.
+Nothing here runs for a record that carries no graph except :func:`count_clean`, a per-thread
+counter: site attribution (a frame walk) only happens on the graph path, and the full inspection
+(paths, the pinned-bytes estimate) only on a site's first record, for a warning, or in raise mode.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import wrapt
 
 from ._errors import GraphRetentionError, GraphRetentionWarning
 from ._graph import pinned_bytes
-from ._policy import RAISE, WARN, Mode
-from ._tree import GraphRecord
+from ._policy import DETACH, RAISE, WARN, Mode
+from ._tree import GraphRecord, find_graphs
 
-__all__ = ["SiteStats", "Stats", "caller", "count_clean", "report_graphs", "reset_stats", "stats"]
+__all__ = ["SiteStats", "Stats", "caller", "count_clean", "graph_seen", "reset_stats", "stats"]
 
 logger = logging.getLogger("gradguard")
 
@@ -76,14 +76,23 @@ class Stats(dict[tuple[str, str], SiteStats]):
 
 
 _lock = threading.Lock()
-_sites: dict[tuple[str, str], SiteStats] = {}
-_warned: set[tuple[str, str]] = set()
+_sites: dict[tuple[str, str, int], SiteStats] = {}  # (store, filename, lineno) -> counters
+_warned: set[tuple[str, str, int]] = set()
+# Clean records are counted per thread without a lock (the hot path); stats() adds the tables up.
+_clean_tables: list[dict[str, int]] = []
+_local = threading.local()
 
 
 def stats() -> Stats:
     """A snapshot of the per-site counters of every guarded store in this process."""
     with _lock:
-        return Stats({k: SiteStats(**vars(v)) for k, v in _sites.items()})
+        snapshot = Stats({(s.store, s.site): SiteStats(**vars(s)) for s in _sites.values()})
+        tables = [dict(t) for t in _clean_tables]
+    for table in tables:
+        for store, n in table.items():
+            row = snapshot.setdefault((store, UNRESOLVED), SiteStats(store, UNRESOLVED))
+            row.records += n
+    return snapshot
 
 
 def reset_stats() -> None:
@@ -91,34 +100,46 @@ def reset_stats() -> None:
     with _lock:
         _sites.clear()
         _warned.clear()
+        for table in _clean_tables:
+            table.clear()
 
 
 def count_clean(store: str, n: int = 1) -> None:
     """Count ``n`` records that reached ``store`` carrying nothing to detach."""
-    key = (store, UNRESOLVED)
-    with _lock:
-        site = _sites.get(key)
-        if site is None:
-            site = _sites[key] = SiteStats(store, UNRESOLVED)
-        site.records += n
+    try:
+        table = _local.table
+    except AttributeError:
+        table = _local.table = {}
+        with _lock:
+            _clean_tables.append(table)
+    table[store] = table.get(store, 0) + n
 
 
-def report_graphs(
-    store: str, mode: Mode, record: Any, graphs: list[GraphRecord], n_detached: int, where: tuple[str, int]
-) -> None:
-    """Account one record that carried ``graphs``, then warn or raise as ``mode`` says.
+def graph_seen(store: str, mode: Mode, record: Any, n_detached: int, where: tuple[str, int]) -> None:
+    """Account one record from which ``n_detached`` tensors were detached; warn or raise per ``mode``.
 
-    ``record`` is the original (undetached) record, used for the once-per-site byte estimate.
-    In ``raise`` mode this raises :class:`GraphRetentionError` and counts nothing. In ``warn`` mode
-    the warning comes before the counting: when a warnings filter turns it into an exception, the
-    record is refused like in ``raise`` mode (nothing counted, nothing stored) and the site is not
-    marked as warned, so it raises again next time, as an ``error`` filter does for any warning.
+    ``record`` is the original (undetached) record. Once a site is known (and, in ``warn`` mode, has
+    warned), this only bumps its counters: the record is inspected (``find_graphs``, and the
+    ``pinned_bytes`` estimate, once per site) on a site's first record, for its warning, and in
+    ``raise`` mode, where it raises :class:`GraphRetentionError` and counts nothing. A record whose
+    detached tensors were all leaves (no graph) is counted as clean there. In ``warn`` mode the
+    warning comes before the counting: when a warnings filter turns it into an exception, the record
+    is refused like in ``raise`` mode and the site is not marked as warned.
     """
-    site = f"{where[0]}:{where[1]}"
-    key = (store, site)
-    with _lock:
-        entry = _sites.get(key)
+    key = (store, *where)
+    entry = _sites.get(key)
+    if entry is not None and (mode == DETACH or (mode == WARN and key in _warned)):
+        with _lock:
+            entry.records += 1
+            entry.tensors_detached += n_detached
+            entry.pinned_bytes_released += entry.pinned_bytes_per_record
+        return
+    graphs = find_graphs(record)
+    if not graphs:
+        count_clean(store)
+        return
     estimate = entry.pinned_bytes_per_record if entry is not None else pinned_bytes(record)
+    site = f"{where[0]}:{where[1]}"
     if mode == RAISE:
         raise GraphRetentionError(_message(store, site, graphs, estimate, refused=True))
     if mode == WARN:
@@ -128,10 +149,7 @@ def report_graphs(
         if warn:
             try:
                 warnings.warn_explicit(
-                    _message(store, site, graphs, estimate, refused=False),
-                    GraphRetentionWarning,
-                    where[0],
-                    where[1],
+                    _message(store, site, graphs, estimate, refused=False), GraphRetentionWarning, *where
                 )
             except BaseException:
                 with _lock:
@@ -140,7 +158,7 @@ def report_graphs(
     with _lock:
         entry = _sites.get(key)
         first = entry is None
-        if first:
+        if entry is None:
             entry = _sites[key] = SiteStats(store, site, pinned_bytes_per_record=estimate)
         entry.records += 1
         entry.tensors_detached += n_detached

@@ -65,16 +65,25 @@ def detach_tree(obj: Any) -> Any:
       * Any depth and self-reference terminate; a self-referencing container that would have to be
         rebuilt raises :class:`GradGuardError`.
     """
+    return detach_counted(obj, [0])
+
+
+def detach_counted(obj: Any, count: list[int]) -> Any:
+    """:func:`detach_tree`, adding the number of tensors it detached to ``count[0]``."""
     try:
-        return _fast(obj, 0)
+        return _fast(obj, 0, count)
     except (_TooDeep, RecursionError):
-        return _slow(obj)
+        count[0] = 0
+        return _slow(obj, _counting_detach(count))
 
 
-def _fast(obj: Any, depth: int) -> Any:
+def _fast(obj: Any, depth: int, count: list[int]) -> Any:
     cls = type(obj)
     if cls is _Tensor:
-        return obj.detach() if obj.requires_grad else obj
+        if obj.requires_grad:
+            count[0] += 1
+            return obj.detach()
+        return obj
     if cls in _ATOMS:
         return obj
     if depth > _FAST_DEPTH:
@@ -86,11 +95,12 @@ def _fast(obj: Any, depth: int) -> Any:
             if vt is _Tensor:
                 if not v.requires_grad:
                     continue
+                count[0] += 1
                 nv = v.detach()
             elif vt in _ATOMS:
                 continue
             else:
-                nv = _fast(v, depth + 1)
+                nv = _fast(v, depth + 1, count)
                 if nv is v:
                     continue
             if out is None:
@@ -104,11 +114,12 @@ def _fast(obj: Any, depth: int) -> Any:
             if vt is _Tensor:
                 if not v.requires_grad:
                     continue
+                count[0] += 1
                 nv = v.detach()
             elif vt in _ATOMS:
                 continue
             else:
-                nv = _fast(v, depth + 1)
+                nv = _fast(v, depth + 1, count)
                 if nv is v:
                     continue
             if seq is None:
@@ -117,19 +128,22 @@ def _fast(obj: Any, depth: int) -> Any:
         if seq is None:
             return obj
         return seq if cls is list else tuple(seq)
-    return _general(obj, depth)
+    return _general(obj, depth, count)
 
 
-def _general(obj: Any, depth: int) -> Any:
+def _general(obj: Any, depth: int, count: list[int]) -> Any:
     if isinstance(obj, _Tensor):
-        return obj.detach() if obj.requires_grad else obj
+        if obj.requires_grad:
+            count[0] += 1
+            return obj.detach()
+        return obj
     spec = _spec_for(type(obj))
     if spec is None:
         return obj
     children, context = spec.flatten(obj)
     new = None
     for i, child in enumerate(children):
-        nc = _fast(child, depth + 1)
+        nc = _fast(child, depth + 1, count)
         if nc is not child:
             if new is None:
                 new = list(children)
@@ -168,6 +182,16 @@ class _Frame:
 
 def _detach_leaf(t: torch.Tensor) -> torch.Tensor:
     return t.detach() if t.requires_grad else t
+
+
+def _counting_detach(count: list[int]) -> Callable[[torch.Tensor], torch.Tensor]:
+    def leaf(t: torch.Tensor) -> torch.Tensor:
+        if t.requires_grad:
+            count[0] += 1
+            return t.detach()
+        return t
+
+    return leaf
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
