@@ -31,12 +31,18 @@ _WRAPT_DIR = os.path.dirname(os.path.abspath(wrapt.__file__)) + os.sep
 UNRESOLVED = "(no graph: site not resolved)"
 
 
+_internal_files: dict[str, bool] = {}
+
+
 def caller() -> tuple[str, int]:
     """``(filename, lineno)`` of the innermost frame outside gradguard and wrapt."""
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not (filename.startswith(_PACKAGE_DIR) or filename.startswith(_WRAPT_DIR)):
+        internal = _internal_files.get(filename)
+        if internal is None:
+            internal = _internal_files[filename] = filename.startswith((_PACKAGE_DIR, _WRAPT_DIR))
+        if not internal:
             return filename, frame.f_lineno
         frame = frame.f_back  # type: ignore[assignment]
     return "<unknown>", 0
@@ -75,9 +81,20 @@ class Stats(dict[tuple[str, str], SiteStats]):
         return "\n".join(lines)
 
 
+class _Site:
+    __slots__ = ("store", "site", "estimate", "records", "tensors")
+
+    def __init__(self, store: str, site: str, estimate: int) -> None:
+        self.store, self.site, self.estimate = store, site, estimate
+        self.records = self.tensors = 0
+
+    def snapshot(self) -> SiteStats:
+        return SiteStats(self.store, self.site, self.records, self.tensors, self.estimate, self.records * self.estimate)
+
+
 _lock = threading.Lock()
-_sites: dict[tuple[str, str, int], SiteStats] = {}  # (store, filename, lineno) -> counters
-_warned: set[tuple[str, str, int]] = set()
+_sites: dict[tuple[str, tuple[str, int]], _Site] = {}  # (store, (filename, lineno)) -> counters
+_warned: set[tuple[str, tuple[str, int]]] = set()
 # Clean records are counted per thread without a lock (the hot path); stats() adds the tables up.
 _clean_tables: list[dict[str, int]] = []
 _local = threading.local()
@@ -86,7 +103,7 @@ _local = threading.local()
 def stats() -> Stats:
     """A snapshot of the per-site counters of every guarded store in this process."""
     with _lock:
-        snapshot = Stats({(s.store, s.site): SiteStats(**vars(s)) for s in _sites.values()})
+        snapshot = Stats({(s.store, s.site): s.snapshot() for s in _sites.values()})
         tables = [dict(t) for t in _clean_tables]
     for table in tables:
         for store, n in table.items():
@@ -126,19 +143,18 @@ def graph_seen(store: str, mode: Mode, record: Any, n_detached: int, where: tupl
     warning comes before the counting: when a warnings filter turns it into an exception, the record
     is refused like in ``raise`` mode and the site is not marked as warned.
     """
-    key = (store, *where)
+    key = (store, where)
     entry = _sites.get(key)
     if entry is not None and (mode == DETACH or (mode == WARN and key in _warned)):
         with _lock:
             entry.records += 1
-            entry.tensors_detached += n_detached
-            entry.pinned_bytes_released += entry.pinned_bytes_per_record
+            entry.tensors += n_detached
         return
     graphs = find_graphs(record)
     if not graphs:
         count_clean(store)
         return
-    estimate = entry.pinned_bytes_per_record if entry is not None else pinned_bytes(record)
+    estimate = entry.estimate if entry is not None else pinned_bytes(record)
     site = f"{where[0]}:{where[1]}"
     if mode == RAISE:
         raise GraphRetentionError(_message(store, site, graphs, estimate, refused=True))
@@ -159,10 +175,9 @@ def graph_seen(store: str, mode: Mode, record: Any, n_detached: int, where: tupl
         entry = _sites.get(key)
         first = entry is None
         if entry is None:
-            entry = _sites[key] = SiteStats(store, site, pinned_bytes_per_record=estimate)
+            entry = _sites[key] = _Site(store, site, estimate)
         entry.records += 1
-        entry.tensors_detached += n_detached
-        entry.pinned_bytes_released += entry.pinned_bytes_per_record
+        entry.tensors += n_detached
     if first:
         logger.debug("gradguard: first graph-carrying record at %s into %s (~%s pinned)", site, store, _human(estimate))
 

@@ -16,6 +16,7 @@ import wrapt
 from ._offload import check_offload, to_host
 from ._policy import normalize_mode, resolve
 from ._publish import publish, publish_many
+from ._tree import _register_internal
 
 __all__ = ["guard", "unwrap"]
 
@@ -46,7 +47,7 @@ class _Guarded(wrapt.ObjectProxy):  # type: ignore[misc]
         self._self_options = (mode, offload)
         if hasattr(wrapped, "append"):
             append = wrapped.append
-            self._self_append = lambda value: append(one(value))
+            self._self_append = lambda value: append(publish(label, resolve(mode), value, offload_fn))
 
     def __repr__(self) -> str:
         return f"gradguard.guard({self.__wrapped__!r}, name={self._self_label!r})"
@@ -111,6 +112,16 @@ class _GuardedDict(_Guarded):
     def __ior__(self, other: Any) -> Any:
         self.update(other)
         return self
+
+
+def _rewrap(children: list[Any], proxy: _Guarded) -> Any:
+    mode, offload = proxy._self_options
+    return type(proxy)(children[0], mode, proxy._self_label, offload)
+
+
+# detach_tree, find_graphs and pinned_bytes look through a guarded store to its contents; a changed
+# store comes back as a new guarded store around the rebuilt container.
+_register_internal(_Guarded, lambda proxy: ([proxy.__wrapped__], proxy), _rewrap)
 
 
 def guard(store: S, *, mode: str | None = None, name: str | None = None, offload: str | None = None) -> S:

@@ -325,6 +325,7 @@ def _record(t: torch.Tensor, path: str) -> GraphRecord:
 
 _lock = threading.Lock()
 _user_specs: dict[type, _Spec] = {}
+_internal_specs: dict[type, _Spec] = {}  # gradguard's own wrappers (guarded stores), see _register_internal
 _spec_cache: dict[type, _Spec | None] = {}
 
 
@@ -366,6 +367,13 @@ def unregister_container(cls: type) -> None:
         _spec_cache.clear()
 
 
+def _register_internal(cls: type, flatten: Callable[[Any], tuple[list[Any], Any]], unflatten: Callable[[list[Any], Any], Any]) -> None:
+    """Let the walk see through a gradguard wrapper type (and its subclasses); its path adds nothing."""
+    with _lock:
+        _internal_specs[cls] = _Spec(flatten, unflatten, lambda o, c, n: [""] * n)
+        _spec_cache.clear()
+
+
 def _as_pair(result: Any, cls: type) -> tuple[list[Any], Any]:
     try:
         children, context = result
@@ -390,6 +398,8 @@ def _resolve(cls: type) -> _Spec | None:
     for base in cls.__mro__:
         if base in _user_specs:
             return _user_specs[base]
+        if base in _internal_specs:
+            return _internal_specs[base]
     if cls is dict or cls is collections.OrderedDict or cls is collections.defaultdict:
         return _MAPPING
     if cls is list:

@@ -369,13 +369,16 @@ def test_bad_name_is_a_type_error() -> None:
         gradguard.guard([], name=3)  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap in _tree: the walk dispatches on type(obj), so a guarded store (a wrapt proxy) is "
-    "an opaque leaf to find_graphs / pinned_bytes / detach_tree",
-)
 def test_tree_functions_see_through_a_guarded_store() -> None:
-    store = gradguard.guard([], mode="off")
+    store = gradguard.guard([], mode="off", name="kept")
     store.append({"x": graph()})
-    assert gradguard.find_graphs(store) != []
+    records = gradguard.find_graphs(store)
+    assert [r.path for r in records] == ["[0]['x']"]  # the proxy adds nothing to the path
     assert gradguard.pinned_bytes(store) > 0
+    detached = gradguard.detach_tree(store)
+    assert detached is not store and type(detached) is type(store)
+    assert gradguard.unwrap(detached) is not gradguard.unwrap(store)
+    assert gradguard.find_graphs(detached) == [] and gradguard.find_graphs(store) != []  # input untouched
+    assert repr(detached).endswith("name='kept')")
+    clean = gradguard.guard([{"x": 1.0}])
+    assert gradguard.detach_tree(clean) is clean
