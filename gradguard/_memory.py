@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["MemoryMeter", "storage_bytes"]
+__all__ = ["MemoryMeter", "slope", "storage_bytes"]
 
 
 def storage_bytes(tensors: Any) -> int:
@@ -35,6 +35,18 @@ def storage_bytes(tensors: Any) -> int:
         if storage.data_ptr():
             seen[(t.device, storage.data_ptr())] = storage.nbytes()
     return sum(seen.values())
+
+
+def slope(values: list[int]) -> float:
+    """Least-squares slope of ``values`` against their index (bytes per micro-batch)."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean_x = (n - 1) / 2
+    mean_y = sum(values) / n
+    num = sum((i - mean_x) * (v - mean_y) for i, v in enumerate(values))
+    den = sum((i - mean_x) ** 2 for i in range(n))
+    return num / den
 
 
 class _LiveTensors(TorchDispatchMode):

@@ -13,22 +13,10 @@ import torch
 
 import gradguard
 
-from .._memory import MemoryMeter
+from .._memory import MemoryMeter, slope
 from .scenarios import Size, build
 
-__all__ = ["machine_line", "run_scenario", "slope"]
-
-
-def slope(values: list[int]) -> float:
-    """Least-squares slope of ``values`` against their index (bytes per micro-batch)."""
-    n = len(values)
-    if n < 2:
-        return 0.0
-    mean_x = (n - 1) / 2
-    mean_y = sum(values) / n
-    num = sum((i - mean_x) * (v - mean_y) for i, v in enumerate(values))
-    den = sum((i - mean_x) ** 2 for i in range(n))
-    return num / den
+__all__ = ["machine_line", "run_scenario"]
 
 
 def machine_line(device: torch.device) -> str:
