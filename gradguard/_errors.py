@@ -39,3 +39,8 @@ class GraphRetentionWarning(UserWarning):
 
 class LossContractWarning(UserWarning):
     """A loss contract violation where the engine itself tolerates it (see the megatron adapter)."""
+
+
+for _cls in (GradGuardError, GraphRetentionError, LossContractError, GraphRetentionWarning, LossContractWarning):
+    _cls.__module__ = "gradguard"  # tracebacks show the public name: gradguard.GraphRetentionError
+del _cls

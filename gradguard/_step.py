@@ -80,14 +80,14 @@ def guard_result(result: Any, loss_key: Any, label: str, check: LossCheck | None
     mode = resolve(None)
     if mode == OFF:
         return result
-    if isinstance(result, Mapping):
-        if loss_key not in result:
-            raise GradGuardError(f"{label} returned a mapping without the loss key {loss_key!r}")
-        masked: Any = copy.copy(result)
-    elif isinstance(result, (tuple, list)):
+    if isinstance(result, (tuple, list)):  # before the Mapping ABC check: the common case, and cheap
         if not isinstance(loss_key, int) or not -len(result) <= loss_key < len(result):
             raise GradGuardError(f"{label} returned {len(result)} elements; loss={loss_key!r} is not an index of them")
-        masked = list(result)
+        masked: Any = list(result)
+    elif isinstance(result, Mapping):
+        if loss_key not in result:
+            raise GradGuardError(f"{label} returned a mapping without the loss key {loss_key!r}")
+        masked = copy.copy(result)
     else:  # a bare loss
         if check is not None:
             check(result)
@@ -100,8 +100,10 @@ def guard_result(result: Any, loss_key: Any, label: str, check: LossCheck | None
     if out is masked:
         return result
     out[loss_key] = loss  # out is a fresh container: publish rebuilt it
-    if isinstance(result, Mapping) or type(result) is list:
-        return out
+    if type(result) is tuple:
+        return tuple(out)
+    if type(result) is list or not isinstance(result, (tuple, list)):
+        return out  # a list, or a mapping publish rebuilt as its own type
     return type(result)._make(out) if hasattr(result, "_fields") else type(result)(out)
 
 

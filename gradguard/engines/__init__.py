@@ -15,7 +15,7 @@ from .._errors import GradGuardError
 
 __all__ = ["KNOWN", "load"]
 
-KNOWN = ("megatron", "pipelining")
+KNOWN = ("megatron", "pipelining", "verl")
 
 
 def load(name: str) -> ModuleType:
