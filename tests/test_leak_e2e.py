@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,14 +26,6 @@ BATCH, SEQ, HIDDEN, VOCAB = 2, 16, 32, 64
 LEAF_BYTES = BATCH * SEQ * HIDDEN * 4  # the embedding output, float32
 PINNED_PER_MICRO_BATCH = LEAF_BYTES + LEAF_BYTES  # the leaf and its .grad
 
-
-@pytest.fixture(autouse=True)
-def _clean_state() -> Iterator[None]:
-    previous = gradguard.set_mode(None)
-    gradguard.reset_stats()
-    yield
-    gradguard.set_mode(previous)
-    gradguard.reset_stats()
 
 
 class Model(nn.Module):

@@ -7,7 +7,7 @@ Without a device, a CPU test double stands in for the move: ``_on_device`` says 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,14 +16,6 @@ import torch
 import gradguard
 from gradguard import _offload
 
-
-@pytest.fixture(autouse=True)
-def _clean_state() -> Iterator[None]:
-    previous = gradguard.set_mode(None)
-    gradguard.reset_stats()
-    yield
-    gradguard.set_mode(previous)
-    gradguard.reset_stats()
 
 
 class HostCopySpy:

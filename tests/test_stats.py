@@ -7,7 +7,6 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,14 +18,6 @@ from gradguard import _report
 HERE = os.path.abspath(__file__)
 UNRESOLVED = "(no graph: site not resolved)"
 
-
-@pytest.fixture(autouse=True)
-def _clean_state() -> Iterator[None]:
-    previous = gradguard.set_mode(None)
-    gradguard.reset_stats()
-    yield
-    gradguard.set_mode(previous)
-    gradguard.reset_stats()
 
 
 def lineno() -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import copy
 import pickle
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,14 +14,6 @@ import torch
 import gradguard
 from gradguard import _policy
 
-
-@pytest.fixture(autouse=True)
-def _clean_state() -> Iterator[None]:
-    previous = gradguard.set_mode(None)
-    gradguard.reset_stats()
-    yield
-    gradguard.set_mode(previous)
-    gradguard.reset_stats()
 
 
 def graph(value: float = 1.0, n: int = 4) -> torch.Tensor:

@@ -63,15 +63,6 @@ def _checked_loss_func(loss_func: Any) -> Any:
     return checked
 
 
-def _calc_loss(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    # forward_step_calc_loss(model, output_tensor, loss_func, config, vp_stage, collect_non_loss_data,
-    #                        num_microbatches, forward_data_store, cp_group_size=None, is_last_stage=None)
-    if resolve(None) != OFF:
-        args, kwargs = _patch.replace_arg(args, kwargs, 7, "forward_data_store", _guard_store)
-        args, kwargs = _patch.replace_arg(args, kwargs, 2, "loss_func", _checked_loss_func)
-    return wrapped(*args, **kwargs)
-
-
 def _checked_forward_step_func(forward_step_func: Any) -> Any:
     def step(*args: Any, **kwargs: Any) -> Any:
         result = forward_step_func(*args, **kwargs)
@@ -82,13 +73,24 @@ def _checked_forward_step_func(forward_step_func: Any) -> Any:
     return step
 
 
-def _forward_step_legacy(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    # 0.12 / 0.13: forward_step(forward_step_func, data_iterator, model, num_microbatches,
-    #                           input_tensor, forward_data_store, config, ...)
-    if resolve(None) != OFF:
-        args, kwargs = _patch.replace_arg(args, kwargs, 5, "forward_data_store", _guard_store)
-        args, kwargs = _patch.replace_arg(args, kwargs, 0, "forward_step_func", _checked_forward_step_func)
-    return wrapped(*args, **kwargs)
+def _guarding(store_index: int, fn_index: int, fn_name: str, check: Any) -> Any:
+    """A wrapper giving the call a guarded ``forward_data_store`` and a checking ``fn_name`` argument."""
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if resolve(None) != OFF:
+            args, kwargs = _patch.replace_arg(args, kwargs, store_index, "forward_data_store", _guard_store)
+            args, kwargs = _patch.replace_arg(args, kwargs, fn_index, fn_name, check)
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+# >= 0.14: forward_step_calc_loss(model, output_tensor, loss_func, config, vp_stage,
+#          collect_non_loss_data, num_microbatches, forward_data_store, cp_group_size, is_last_stage)
+_calc_loss = _guarding(7, 2, "loss_func", _checked_loss_func)
+# 0.12 / 0.13: forward_step(forward_step_func, data_iterator, model, num_microbatches, input_tensor,
+#              forward_data_store, config, ...)
+_forward_step_legacy = _guarding(5, 0, "forward_step_func", _checked_forward_step_func)
 
 
 def _target(module: ModuleType) -> tuple[str, Any]:
