@@ -79,11 +79,16 @@ def _bench(args: argparse.Namespace) -> int:
     for name in names:
         if name not in SCENARIOS:
             return _fail(f"unknown scenario {name!r}; known: pp-last-stage, lora-checkpoint")
+        if name == "pp-last-stage-te":
+            # Named directly (not through --te): without TE this is a refusal, not an ImportError traceback.
+            reason = _te_unavailable(device)
+            if reason:
+                return _fail(f"--scenario {name} needs Transformer Engine: {reason}")
     if args.te:
         reason = _te_unavailable(device)
         if reason:
             print(f"gradguard bench: skipping --te: {reason}", file=sys.stderr)
-        else:
+        elif "pp-last-stage-te" not in names:
             names.append("pp-last-stage-te")
 
     tick, close = _progress(len(names) * 2 * micro_batches, args.no_progress)

@@ -1,5 +1,7 @@
 """The gradguard pytest plugin (registered through the ``pytest11`` entry point).
 
+It lives outside the ``gradguard`` package so that loading it imports neither gradguard nor torch.
+
 * ``--gradguard=MODE`` runs the whole session inside ``gradguard.enforce(mode=MODE)``: with
   ``--gradguard=raise`` every guarded store and engine adapter becomes a failure point.
 * ``@pytest.mark.gradguard(mode="raise", engines="auto", stores=None)`` does the same for one test.
