@@ -62,11 +62,15 @@ class LossCheck:
         self.check, self.params, self.check_every = check, params, check_every
         self.on_violation, self.name = on_violation, name
         self._calls = itertools.count()
+        self._active = check is not None and on_violation != "off"
+        self._walks = check == "reaches_params"
 
     def __call__(self, loss: Any) -> None:
-        if self.check is None or self.on_violation == "off":
+        if not self._active:
             return
-        walk = self.check == "reaches_params" and next(self._calls) % self.check_every == 0
+        walk = self._walks and next(self._calls) % self.check_every == 0
+        if not walk and type(loss) is torch.Tensor and loss.requires_grad:
+            return  # the common, passing case without the call below
         try:
             check_loss(loss, name=self.name, params=self.params if walk else None)
         except LossContractError as exc:
@@ -76,35 +80,53 @@ class LossCheck:
 
 
 def guard_result(result: Any, loss_key: Any, label: str, check: LossCheck | None) -> Any:
-    """verl style: check ``result[loss_key]`` and publish the rest as one record (nothing in ``off``)."""
+    """verl style: check ``result[loss_key]`` and publish every other element (nothing in ``off``).
+
+    Each other element is published as its own record, into the store ``"{label}[{key}]"``
+    (``Engine.forward_step[1]``, path ``['model_output']['log_probs']``). A result with nothing to detach comes back as itself; a
+    changed one is rebuilt as its own type, the loss element the very same object.
+    """
     mode = resolve(None)
     if mode == OFF:
         return result
     if isinstance(result, (tuple, list)):  # before the Mapping ABC check: the common case, and cheap
         if not isinstance(loss_key, int) or not -len(result) <= loss_key < len(result):
             raise GradGuardError(f"{label} returned {len(result)} elements; loss={loss_key!r} is not an index of them")
-        masked: Any = list(result)
+        keys: Any = range(len(result))
+        loss_at = loss_key % len(result)
     elif isinstance(result, Mapping):
         if loss_key not in result:
             raise GradGuardError(f"{label} returned a mapping without the loss key {loss_key!r}")
-        masked = copy.copy(result)
+        keys = list(result)
+        loss_at = loss_key
     else:  # a bare loss
         if check is not None:
             check(result)
         return result
-    loss = result[loss_key]
     if check is not None:
-        check(loss)
-    masked[loss_key] = None  # the loss is not published: it must stay live for backward
-    out = publish(label, mode, masked)
-    if out is masked:
+        check(result[loss_at])
+    changed = None
+    for key in keys:
+        if key != loss_at:
+            item = result[key]
+            new = publish(f"{label}[{key!r}]", mode, item)
+            if new is not item:
+                if changed is None:
+                    changed = {}
+                changed[key] = new
+    if changed is None:
         return result
-    out[loss_key] = loss  # out is a fresh container: publish rebuilt it
+    if isinstance(result, Mapping):
+        out = copy.copy(result)
+        for key, new in changed.items():
+            out[key] = new
+        return out
+    items = [changed.get(i, v) for i, v in enumerate(result)]
     if type(result) is tuple:
-        return tuple(out)
-    if type(result) is list or not isinstance(result, (tuple, list)):
-        return out  # a list, or a mapping publish rebuilt as its own type
-    return type(result)._make(out) if hasattr(result, "_fields") else type(result)(out)
+        return tuple(items)
+    if type(result) is list:
+        return items
+    return type(result)._make(items) if hasattr(result, "_fields") else type(result)(items)
 
 
 def guard_loss_func(loss_func: Callable[..., Any], label: str, check: LossCheck | None) -> Callable[..., Any]:

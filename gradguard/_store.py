@@ -24,33 +24,38 @@ S = TypeVar("S")
 logger = logging.getLogger("gradguard")
 
 
-class _Guarded(wrapt.ObjectProxy):  # type: ignore[misc]
-    """Common state: the label, the options, and the two publishing closures.
+class _Sink:
+    """How a guarded store publishes: its label, its options, and closures over them.
 
-    The closures hold the store's explicit mode (or ``None``), label and offload function, so a
-    guarded append costs one attribute lookup on the proxy besides the publish itself.
+    One object behind one proxy attribute (``_self_sink``): attribute access on a wrapt proxy is the
+    expensive part of a guarded append, and engines adapters create a proxy per call.
     """
+
+    __slots__ = ("label", "mode", "offload", "options", "append")
+
+    def __init__(self, wrapped: Any, mode: Any, label: str, offload: str | None) -> None:
+        offload_fn = to_host if offload == "cpu" else None
+        self.label, self.mode, self.offload, self.options = label, mode, offload_fn, (mode, offload)
+        append = getattr(wrapped, "append", None)
+        if append is not None:  # the hot path gets a closure: no attribute lookups inside
+            self.append = lambda value: append(publish(label, resolve(mode), value, offload_fn))
+
+    def one(self, value: Any) -> Any:
+        return publish(self.label, resolve(self.mode), value, self.offload)
+
+    def many(self, values: Iterable[Any]) -> list[Any]:
+        return publish_many(self.label, resolve(self.mode), list(values), self.offload)
+
+
+class _Guarded(wrapt.ObjectProxy):  # type: ignore[misc]
+    """The proxy: the container itself to readers, every way in routed through its ``_Sink``."""
 
     def __init__(self, wrapped: Any, mode: Any, label: str, offload: str | None) -> None:
         super().__init__(wrapped)
-        offload_fn = to_host if offload == "cpu" else None
-
-        def one(value: Any) -> Any:
-            return publish(label, resolve(mode), value, offload_fn)
-
-        def many(values: Iterable[Any]) -> list[Any]:
-            return publish_many(label, resolve(mode), list(values), offload_fn)
-
-        self._self_one = one
-        self._self_many = many
-        self._self_label = label
-        self._self_options = (mode, offload)
-        if hasattr(wrapped, "append"):
-            append = wrapped.append
-            self._self_append = lambda value: append(publish(label, resolve(mode), value, offload_fn))
+        self._self_sink = _Sink(wrapped, mode, label, offload)
 
     def __repr__(self) -> str:
-        return f"gradguard.guard({self.__wrapped__!r}, name={self._self_label!r})"
+        return f"gradguard.guard({self.__wrapped__!r}, name={self._self_sink.label!r})"
 
     def __reduce_ex__(self, protocol: int) -> Any:
         return self.__wrapped__.__reduce_ex__(protocol)
@@ -70,18 +75,18 @@ class _GuardedAppend(_Guarded):
     """Any object with ``append``: only ``append`` is intercepted."""
 
     def append(self, value: Any) -> None:
-        self._self_append(value)
+        self._self_sink.append(value)
 
 
 class _GuardedList(_GuardedAppend):
     def extend(self, values: Iterable[Any]) -> None:
-        self.__wrapped__.extend(self._self_many(values))
+        self.__wrapped__.extend(self._self_sink.many(values))
 
     def insert(self, index: Any, value: Any) -> None:
-        self.__wrapped__.insert(index, self._self_one(value))
+        self.__wrapped__.insert(index, self._self_sink.one(value))
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self.__wrapped__[key] = self._self_many(value) if isinstance(key, slice) else self._self_one(value)
+        self.__wrapped__[key] = self._self_sink.many(value) if isinstance(key, slice) else self._self_sink.one(value)
 
     def __iadd__(self, values: Iterable[Any]) -> Any:
         self.extend(values)
@@ -90,24 +95,24 @@ class _GuardedList(_GuardedAppend):
 
 class _GuardedDeque(_GuardedList):
     def appendleft(self, value: Any) -> None:
-        self.__wrapped__.appendleft(self._self_one(value))
+        self.__wrapped__.appendleft(self._self_sink.one(value))
 
     def extendleft(self, values: Iterable[Any]) -> None:
-        self.__wrapped__.extendleft(self._self_many(values))
+        self.__wrapped__.extendleft(self._self_sink.many(values))
 
 
 class _GuardedDict(_Guarded):
     def __setitem__(self, key: Any, value: Any) -> None:
-        self.__wrapped__[key] = self._self_one(value)
+        self.__wrapped__[key] = self._self_sink.one(value)
 
     def update(self, *args: Any, **kwargs: Any) -> None:
         items = dict(*args, **kwargs)  # update's own argument rules; later keys win
-        self.__wrapped__.update(zip(items.keys(), self._self_many(items.values())))
+        self.__wrapped__.update(zip(items.keys(), self._self_sink.many(items.values())))
 
     def setdefault(self, key: Any, default: Any = None) -> Any:
         if key in self.__wrapped__:
             return self.__wrapped__[key]
-        return self.__wrapped__.setdefault(key, self._self_one(default))
+        return self.__wrapped__.setdefault(key, self._self_sink.one(default))
 
     def __ior__(self, other: Any) -> Any:
         self.update(other)
@@ -115,8 +120,8 @@ class _GuardedDict(_Guarded):
 
 
 def _rewrap(children: list[Any], proxy: _Guarded) -> Any:
-    mode, offload = proxy._self_options
-    return type(proxy)(children[0], mode, proxy._self_label, offload)
+    mode, offload = proxy._self_sink.options
+    return type(proxy)(children[0], mode, proxy._self_sink.label, offload)
 
 
 # detach_tree, find_graphs and pinned_bytes look through a guarded store to its contents; a changed
@@ -135,7 +140,7 @@ def guard(store: S, *, mode: str | None = None, name: str | None = None, offload
     Guarding a guarded store returns it unchanged, with its first options.
     """
     if isinstance(store, _Guarded):
-        if (mode, offload) != (None, None) and store._self_options != (mode, offload):
+        if (mode, offload) != (None, None) and store._self_sink.options != (mode, offload):
             logger.debug("gradguard: %r is already guarded; keeping its first options", store)
         return store
     checked_mode = None if mode is None else normalize_mode(mode)

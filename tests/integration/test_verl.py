@@ -361,7 +361,7 @@ def test_fixed_release_is_left_as_is(verl: SimpleNamespace) -> None:
     assert same(guarded["grads"], plain["grads"])
     assert loss is loss_fn.losses[-1] and loss.grad_fn is not None  # the live loss, not a copy
     assert record["model_output"]["log_probs"].grad_fn is None
-    (row,) = store_rows("verl FSDPEngineWithLMHead.forward_step")
+    (row,) = store_rows("verl FSDPEngineWithLMHead.forward_step[1]")
     assert row.records == N_MICRO + 1 and row.tensors_detached == 0
 
 
@@ -388,7 +388,7 @@ def test_unfixed_fsdp_engine_is_guarded(verl: SimpleNamespace, monkeypatch: pyte
     assert same(guarded["grads"], leaky["grads"])
     for loss in guarded["loss_fn"].losses:
         assert loss.grad_fn is not None  # what verl backpropagated was the live loss
-    (row,) = store_rows("verl FSDPEngineWithLMHead.forward_step")
+    (row,) = store_rows("verl FSDPEngineWithLMHead.forward_step[1]")
     assert row.tensors_detached == 2 * N_MICRO
     file, _, line = row.site.rpartition(":")  # attributed to verl's loop, not to gradguard or wrapt
     assert file.endswith(os.path.join("verl", "workers", "engine", "fsdp", "transformer_impl.py")) and int(line) > 0
@@ -421,7 +421,8 @@ def test_unfixed_megatron_loss_func_is_guarded(verl: SimpleNamespace, meg: Modul
     for first, loss in zip(guarded["firsts"], guarded["loss_fn"].losses):
         # the scaled loss verl computed from the loss function's live loss, handed back unchanged
         assert first.requires_grad and derives_from(first, loss)
-    (row,) = store_rows("verl MegatronEngineWithLMHead.postprocess_micro_batch_func")
+    # the output is the last element: [1] of (scaled_loss, output), [2] of (sum, num_tokens, output)
+    (row,) = store_rows(f"verl MegatronEngineWithLMHead.postprocess_micro_batch_func[{guarded['arity'] - 1}]")
     assert row.tensors_detached == 2 * N_MICRO
 
 
@@ -432,7 +433,7 @@ def test_fixed_megatron_loss_func_is_left_as_is(verl: SimpleNamespace, meg: Modu
     with gradguard.enforce(engines=["verl"]):
         guarded = run_megatron(meg)
     assert guarded["graphs"] == 0 and same(guarded["grads"], plain["grads"])
-    (row,) = store_rows("verl MegatronEngineWithLMHead.postprocess_micro_batch_func")
+    (row,) = store_rows("verl MegatronEngineWithLMHead.postprocess_micro_batch_func[1]")
     assert row.records == N_MICRO and row.tensors_detached == 0
 
 
