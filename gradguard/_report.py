@@ -35,8 +35,11 @@ _internal_files: dict[str, bool] = {}
 
 
 def caller() -> tuple[str, int]:
-    """``(filename, lineno)`` of the innermost frame outside gradguard and wrapt."""
-    frame = sys._getframe(1)
+    """``(filename, lineno)`` of the innermost frame outside gradguard and wrapt.
+
+    The walk starts above the function that called ``caller`` (always gradguard's own).
+    """
+    frame = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
         internal = _internal_files.get(filename)
@@ -146,9 +149,10 @@ def graph_seen(store: str, mode: Mode, record: Any, n_detached: int, where: tupl
     key = (store, where)
     entry = _sites.get(key)
     if entry is not None and (mode == DETACH or (mode == WARN and key in _warned)):
-        with _lock:
-            entry.records += 1
-            entry.tensors += n_detached
+        _lock.acquire()  # not `with`: this is the per-record path of a known site
+        entry.records += 1
+        entry.tensors += n_detached
+        _lock.release()
         return
     graphs = find_graphs(record)
     if not graphs:
