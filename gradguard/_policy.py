@@ -74,7 +74,8 @@ def resolve(explicit: Mode | None = None) -> Mode:
     mode = _chosen.get()
     if mode is not None:
         return mode
-    return _env_mode() or DETACH
+    env = _env if _env is not None else (_env_mode(),)
+    return env[0] or DETACH
 
 
 def get_mode() -> Mode:

@@ -47,6 +47,9 @@ class _TooDeep(Exception):
     """Internal signal: the fast recursive walk hands over to the iterative one."""
 
 
+_PENDING = object()  # _rebuild: the first changed child is a tensor not yet detached
+
+
 # --------------------------------------------------------------------------------------------------
 # The hot path
 # --------------------------------------------------------------------------------------------------
@@ -89,46 +92,48 @@ def _fast(obj: Any, depth: int, count: list[int]) -> Any:
     if depth > _FAST_DEPTH:
         raise _TooDeep
     if cls is dict:
-        out = None
-        for k, v in obj.items():
-            vt = type(v)
-            if vt is _Tensor:
-                if not v.requires_grad:
-                    continue
+        children: Any = obj.values()
+    elif cls is list or cls is tuple:
+        children = obj
+    else:
+        return _general(obj, depth, count)
+    # Scan for the first child that changes: most records have none and come back as they are.
+    for child in children:
+        kind = type(child)
+        if kind is _Tensor:
+            if child.requires_grad:
+                return _rebuild(obj, cls, child, _PENDING, depth, count)
+        elif kind not in _ATOMS:
+            new = _fast(child, depth + 1, count)
+            if new is not child:
+                return _rebuild(obj, cls, child, new, depth, count)
+    return obj
+
+
+def _rebuild(obj: Any, cls: type, first: Any, first_new: Any, depth: int, count: list[int]) -> Any:
+    """A new ``dict``/``list``/``tuple``: children before ``first`` (the first that changes, already
+    scanned) are kept, ``first`` becomes ``first_new`` (a tensor still to detach: ``_PENDING``), the
+    rest are walked."""
+    items = iter(obj.items()) if cls is dict else enumerate(obj)
+    out = obj.copy() if cls is dict else list(obj)
+    for key, child in items:
+        if child is first:
+            break
+    if first_new is _PENDING:
+        count[0] += 1
+        first_new = first.detach()
+    out[key] = first_new
+    for key, child in items:
+        kind = type(child)
+        if kind is _Tensor:
+            if child.requires_grad:
                 count[0] += 1
-                nv = v.detach()
-            elif vt in _ATOMS:
-                continue
-            else:
-                nv = _fast(v, depth + 1, count)
-                if nv is v:
-                    continue
-            if out is None:
-                out = obj.copy()
-            out[k] = nv
-        return obj if out is None else out
-    if cls is list or cls is tuple:
-        seq = None
-        for i, v in enumerate(obj):
-            vt = type(v)
-            if vt is _Tensor:
-                if not v.requires_grad:
-                    continue
-                count[0] += 1
-                nv = v.detach()
-            elif vt in _ATOMS:
-                continue
-            else:
-                nv = _fast(v, depth + 1, count)
-                if nv is v:
-                    continue
-            if seq is None:
-                seq = list(obj)
-            seq[i] = nv
-        if seq is None:
-            return obj
-        return seq if cls is list else tuple(seq)
-    return _general(obj, depth, count)
+                out[key] = child.detach()
+        elif kind not in _ATOMS:
+            new = _fast(child, depth + 1, count)
+            if new is not child:
+                out[key] = new
+    return tuple(out) if cls is tuple else out
 
 
 def _general(obj: Any, depth: int, count: list[int]) -> Any:
