@@ -119,20 +119,22 @@ def _rebuild(obj: Any, cls: type, first: Any, first_new: Any, depth: int, count:
     for key, child in items:
         if child is first:
             break
+    detached = 0
     if first_new is _PENDING:
-        count[0] += 1
+        detached = 1
         first_new = first.detach()
     out[key] = first_new
     for key, child in items:
         kind = type(child)
         if kind is _Tensor:
             if child.requires_grad:
-                count[0] += 1
+                detached += 1
                 out[key] = child.detach()
         elif kind not in _ATOMS:
             new = _fast(child, depth + 1, count)
             if new is not child:
                 out[key] = new
+    count[0] += detached
     return tuple(out) if cls is tuple else out
 
 
