@@ -12,19 +12,28 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gradguard", description="Keep per-micro-batch records from pinning autograd graphs.")
+    parser = argparse.ArgumentParser(
+        prog="gradguard", description="Keep per-micro-batch records from pinning autograd graphs."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     bench = sub.add_parser("bench", help="per-micro-batch memory growth, unguarded vs guarded")
     bench.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when present")
     bench.add_argument("--scenario", action="append", help="pp-last-stage, lora-checkpoint (default: all)")
     bench.add_argument("--micro-batches", type=int, default=None, help="micro-batches per run (default 32)")
-    bench.add_argument("--preset", choices=("seed-pp4",), help="seed-pp4: ~45.4 MiB pinned per micro-batch × 1024 (CUDA)")
+    bench.add_argument(
+        "--preset", choices=("seed-pp4",), help="seed-pp4: ~45.4 MiB pinned per micro-batch × 1024 (CUDA)"
+    )
     bench.add_argument("--json", metavar="PATH", help="write the results as JSON")
     bench.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
     bench.add_argument("--te", action="store_true", help="also run the Transformer Engine block (needs TE and CUDA)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
-    bench.add_argument("--threads", type=int, default=1, help="CPU: torch threads (default 1: steady timings on shared cores; 0 keeps torch's default)")
+    bench.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU: torch threads (default 1: steady timings on shared cores; 0 keeps torch's default)",
+    )
 
     sub.add_parser("doctor", help="what gradguard sees here: torch, CUDA, TE, engines, mode")
 
@@ -121,7 +130,9 @@ def _te_unavailable(device: Any) -> str | None:
     try:
         import transformer_engine.pytorch  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - TE fails in many ways without its CUDA libraries
-        return f"transformer_engine does not import ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        return (
+            f"transformer_engine does not import ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        )
     return None
 
 

@@ -9,7 +9,7 @@ the first; only a walk proving the graph reaches the trainable parameters catche
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -47,8 +47,7 @@ def named_params(params: Params) -> list[tuple[str, torch.Tensor]]:
             pairs.append((str(item[0]), item[1]))
         else:
             raise TypeError(
-                f"params[{i}] is a {type(item).__qualname__}; accepted: a parameter tensor or a "
-                "(name, parameter) pair"
+                f"params[{i}] is a {type(item).__qualname__}; accepted: a parameter tensor or a (name, parameter) pair"
             )
     return pairs
 

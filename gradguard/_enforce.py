@@ -54,7 +54,7 @@ class enforce:
         stores: Mapping[str, str] | None = None,
     ) -> None:
         self.mode: Mode | None = None if mode is None else normalize_mode(mode)
-        self._keys = [("engine", name) for name in _engine_names(engines)]
+        self._keys: list[tuple[str, ...]] = [("engine", name) for name in _engine_names(engines)]
         self._keys += [("store", target, arg) for target, arg in _store_items(stores)]
 
     def __enter__(self) -> enforce:
@@ -96,11 +96,15 @@ def _store_items(stores: Mapping[str, str] | None) -> list[tuple[str, str]]:
     if stores is None:
         return []
     if not isinstance(stores, Mapping):
-        raise GradGuardError(f"stores must be a mapping {{'pkg.module:function': 'arg_name'}}, got {type(stores).__qualname__}")
+        raise GradGuardError(
+            f"stores must be a mapping {{'pkg.module:function': 'arg_name'}}, got {type(stores).__qualname__}"
+        )
     items = []
     for target, arg in stores.items():
         if not (isinstance(target, str) and target.count(":") == 1 and all(target.split(":"))):
-            raise GradGuardError(f"stores target {target!r} is not of the form 'pkg.module:function' (or 'pkg.module:Class.method')")
+            raise GradGuardError(
+                f"stores target {target!r} is not of the form 'pkg.module:function' (or 'pkg.module:Class.method')"
+            )
         if not isinstance(arg, str) or not arg:
             raise GradGuardError(f"stores[{target!r}] must name an argument, got {arg!r}")
         items.append((target, arg))

@@ -24,17 +24,23 @@ WARN: Mode = "warn"
 RAISE: Mode = "raise"
 
 _ALIASES: dict[str, Mode] = {
-    "off": OFF, "0": OFF, "false": OFF,
-    "detach": DETACH, "on": DETACH, "1": DETACH, "true": DETACH,
+    "off": OFF,
+    "0": OFF,
+    "false": OFF,
+    "detach": DETACH,
+    "on": DETACH,
+    "1": DETACH,
+    "true": DETACH,
     "warn": WARN,
-    "raise": RAISE, "strict": RAISE,
+    "raise": RAISE,
+    "strict": RAISE,
 }
 ACCEPTED = "off/0/false, detach/on/1/true, warn, raise/strict"
 ENV_VAR = "GRADGUARD"
 
 _enforced: contextvars.ContextVar[Mode | None] = contextvars.ContextVar("gradguard_enforce", default=None)
 _chosen: contextvars.ContextVar[Mode | None] = contextvars.ContextVar("gradguard_set_mode", default=None)
-_env: tuple[Mode] | None = None  # cached parse of GRADGUARD (a 1-tuple once read)
+_env: tuple[Mode | None] | None = None  # cached parse of GRADGUARD (a 1-tuple once read)
 
 
 def normalize_mode(value: object, *, what: str = "mode") -> Mode:
@@ -51,11 +57,11 @@ def normalize_mode(value: object, *, what: str = "mode") -> Mode:
 
 def _env_mode() -> Mode | None:
     global _env
-    if _env is None:
+    env = _env
+    if env is None:
         raw = os.environ.get(ENV_VAR)
-        parsed = None if raw is None or not raw.strip() else normalize_mode(raw, what=ENV_VAR)
-        _env = (parsed,)  # type: ignore[assignment]
-    return _env[0]
+        env = _env = (None if raw is None or not raw.strip() else normalize_mode(raw, what=ENV_VAR),)
+    return env[0]
 
 
 def _reload_env() -> None:

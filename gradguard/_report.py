@@ -187,7 +187,9 @@ def graph_seen(store: str, mode: Mode, record: Any, n_detached: int, where: tupl
 
 
 def _message(store: str, site: str, graphs: list[GraphRecord], estimate: int, *, refused: bool) -> str:
-    shown = "\n".join(f"    {g.path or '<the record itself>'}  {g.grad_fn}  shape={g.shape} {g.dtype}" for g in graphs[:8])
+    shown = "\n".join(
+        f"    {g.path or '<the record itself>'}  {g.grad_fn}  shape={g.shape} {g.dtype}" for g in graphs[:8]
+    )
     more = f"\n    ... and {len(graphs) - 8} more" if len(graphs) > 8 else ""
     outcome = (
         "Refused (mode 'raise'): nothing was stored."

@@ -83,8 +83,9 @@ def guard_result(result: Any, loss_key: Any, label: str, check: LossCheck | None
     """verl style: check ``result[loss_key]`` and publish every other element (nothing in ``off``).
 
     Each other element is published as its own record, into the store ``"{label}[{key}]"``
-    (``Engine.forward_step[1]``, path ``['model_output']['log_probs']``). A result with nothing to detach comes back as itself; a
-    changed one is rebuilt as its own type, the loss element the very same object.
+    (``Engine.forward_step[1]``, path ``['model_output']['log_probs']``). A result with nothing to
+    detach comes back as itself; a changed one is rebuilt as its own type, the loss element the very
+    same object.
     """
     mode = resolve(None)
     if mode == OFF:
@@ -117,7 +118,7 @@ def guard_result(result: Any, loss_key: Any, label: str, check: LossCheck | None
     if changed is None:
         return result
     if isinstance(result, Mapping):
-        out = copy.copy(result)
+        out: Any = copy.copy(result)
         for key, new in changed.items():
             out[key] = new
         return out
@@ -175,9 +176,14 @@ def forward_step(
 
         def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             result = wrapped(*args, **kwargs)
-            if isinstance(result, (tuple, list)) and len(result) == 2 and callable(result[1]) and not callable(result[0]):
+            if (
+                isinstance(result, (tuple, list))
+                and len(result) == 2
+                and callable(result[1])
+                and not callable(result[0])
+            ):
                 loss_func = guard_loss_func(result[1], f"{label} loss_func", loss_check)
-                return type(result)((result[0], loss_func))
+                return type(result)((result[0], loss_func))  # type: ignore[misc]
             skip = not torch.is_grad_enabled() or bool(locate(instance, args, kwargs))
             return guard_result(result, loss, label, None if skip else loss_check)
 

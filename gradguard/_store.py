@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Iterable, MutableMapping
-from typing import Any, TypeVar
+from typing import Any, SupportsIndex, TypeVar
 
 import wrapt
 
@@ -57,7 +57,7 @@ class _Guarded(wrapt.ObjectProxy):  # type: ignore[misc]
     def __repr__(self) -> str:
         return f"gradguard.guard({self.__wrapped__!r}, name={self._self_sink.label!r})"
 
-    def __reduce_ex__(self, protocol: int) -> Any:
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
         return self.__wrapped__.__reduce_ex__(protocol)
 
     def __copy__(self) -> Any:
@@ -88,7 +88,7 @@ class _GuardedList(_GuardedAppend):
     def __setitem__(self, key: Any, value: Any) -> None:
         self.__wrapped__[key] = self._self_sink.many(value) if isinstance(key, slice) else self._self_sink.one(value)
 
-    def __iadd__(self, values: Iterable[Any]) -> Any:
+    def __iadd__(self, values: Iterable[Any]) -> Any:  # type: ignore[misc]
         self.extend(values)
         return self
 

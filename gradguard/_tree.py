@@ -116,7 +116,7 @@ def _rebuild(obj: Any, cls: type, first: Any, first_new: Any, depth: int, count:
     rest are walked."""
     items = iter(obj.items()) if cls is dict else enumerate(obj)
     out = obj.copy() if cls is dict else list(obj)
-    for key, child in items:
+    for key, child in items:  # noqa: B007 - key is where first sits, used below
         if child is first:
             break
     detached = 0
@@ -359,9 +359,7 @@ def register_container(
         if not callable(fn):
             raise TypeError(f"register_container: {name} must be callable, got {fn!r}")
     with _lock:
-        _user_specs[cls] = _Spec(
-            lambda o: _as_pair(flatten(o), cls), unflatten, _index_labels
-        )
+        _user_specs[cls] = _Spec(lambda o: _as_pair(flatten(o), cls), unflatten, _index_labels)
         _spec_cache.clear()
 
 
@@ -374,7 +372,9 @@ def unregister_container(cls: type) -> None:
         _spec_cache.clear()
 
 
-def _register_internal(cls: type, flatten: Callable[[Any], tuple[list[Any], Any]], unflatten: Callable[[list[Any], Any], Any]) -> None:
+def _register_internal(
+    cls: type, flatten: Callable[[Any], tuple[list[Any], Any]], unflatten: Callable[[list[Any], Any], Any]
+) -> None:
     """Let the walk see through a gradguard wrapper type (and its subclasses); its path adds nothing."""
     with _lock:
         _internal_specs[cls] = _Spec(flatten, unflatten, lambda o, c, n: [""] * n)
@@ -513,7 +513,7 @@ def _deque_unflatten(values: list[Any], original: collections.deque[Any]) -> Any
 
 
 def _attr_labels(obj: Any, context: Any, n: int) -> list[str]:
-    names = getattr(type(obj), "_fields", None) or getattr(type(obj), "__match_args__", ())
+    names: tuple[str, ...] = getattr(type(obj), "_fields", None) or getattr(type(obj), "__match_args__", ()) or ()
     return [f".{name}" for name in names] + [f"[{i}]" for i in range(len(names), n)]
 
 
@@ -540,6 +540,4 @@ _NAMEDTUPLE = _Spec(_seq_flatten, lambda v, o: type(o)._make(v), _attr_labels)
 _STRUCTSEQ = _Spec(_seq_flatten, lambda v, o: type(o)(v), _attr_labels)
 _TUPLE_SUBCLASS = _Spec(_seq_flatten, _tuple_subclass_unflatten, _index_labels)
 _LIST_SUBCLASS = _Spec(_seq_flatten, _list_subclass_unflatten, _index_labels)
-_DATACLASS = _Spec(
-    _dataclass_flatten, _dataclass_unflatten, lambda o, c, n: [f".{name}" for name in c[1]]
-)
+_DATACLASS = _Spec(_dataclass_flatten, _dataclass_unflatten, lambda o, c, n: [f".{name}" for name in c[1]])

@@ -1,13 +1,13 @@
 """Assertions and probes for leak tests: a few lines instead of weakrefs, hand-built models and AST scans.
 
-    from gradguard.testing import MemoryProbe, assert_no_graph, assert_released
+from gradguard.testing import MemoryProbe, assert_no_graph, assert_released
 
-    with MemoryProbe() as probe:
-        for mb in range(8):
-            output_lst.append(engine.forward_step(batch)[1])
-            probe.step()
-    probe.assert_growth_below(64 * 1024)   # bytes per micro-batch
-    assert_no_graph(output_lst)
+with MemoryProbe() as probe:
+    for mb in range(8):
+        output_lst.append(engine.forward_step(batch)[1])
+        probe.step()
+probe.assert_growth_below(64 * 1024)   # bytes per micro-batch
+assert_no_graph(output_lst)
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ def assert_no_graph(obj: Any, what: str = "object") -> None:
     """Raise ``AssertionError`` listing every tensor in ``obj`` that still carries ``grad_fn``."""
     graphs = find_graphs(obj)
     if graphs:
-        lines = "\n".join(f"  {g.path or '<the object itself>'}: {g.grad_fn}, shape={g.shape}, {g.dtype}" for g in graphs)
+        lines = "\n".join(
+            f"  {g.path or '<the object itself>'}: {g.grad_fn}, shape={g.shape}, {g.dtype}" for g in graphs
+        )
         raise AssertionError(f"{what} holds {len(graphs)} tensor(s) carrying an autograd graph:\n{lines}")
 
 
@@ -97,7 +99,9 @@ class MemoryProbe:
     def assert_growth_below(self, max_bytes_per_step: float) -> None:
         """Raise ``AssertionError`` when memory grew more than ``max_bytes_per_step`` per iteration."""
         if len(self.readings) < 3:
-            raise AssertionError(f"MemoryProbe needs at least 2 step() readings to measure growth, has {len(self.readings) - 1}")
+            raise AssertionError(
+                f"MemoryProbe needs at least 2 step() readings to measure growth, has {len(self.readings) - 1}"
+            )
         growth = self.growth_per_step
         if growth > max_bytes_per_step:
             raise AssertionError(

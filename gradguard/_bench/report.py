@@ -18,8 +18,11 @@ def verdicts(result: dict[str, Any]) -> list[tuple[str, bool, str]]:
     extra = g["growth_bytes_per_microbatch"] - record
     ratio = g["step_time_median_s"] / u["step_time_median_s"] if u["step_time_median_s"] else float("nan")
     return [
-        ("instrument: unguarded growth - record ≈ pin (±5%)", abs(leak - pin) <= 0.05 * pin,
-         f"{leak / MiB:.3f} MiB vs {pin / MiB:.3f} MiB"),
+        (
+            "instrument: unguarded growth - record ≈ pin (±5%)",
+            abs(leak - pin) <= 0.05 * pin,
+            f"{leak / MiB:.3f} MiB vs {pin / MiB:.3f} MiB",
+        ),
         ("guarded growth ≤ record + 1% of pin", extra <= 0.01 * pin, f"extra {extra:.1f} B/micro-batch"),
         ("grads bitwise equal", bool(result["grads_equal"]), str(result["grads_equal"])),
         ("step time guarded/unguarded", True, f"{ratio:.3f}"),
@@ -33,20 +36,25 @@ def table(report: dict[str, Any]) -> str:
     for name, r in report["scenarios"].items():
         for run in ("unguarded", "guarded"):
             x = r[run]
-            rows.append((
-                name, run,
-                f"{x['growth_bytes_per_microbatch'] / MiB:.3f} MiB",
-                f"{r['record_bytes_per_microbatch'] / MiB:.3f} MiB",
-                f"{r['expected_pinned_bytes_per_microbatch'] / MiB:.3f} MiB",
-                f"{x['peak_bytes'] / MiB:.1f} MiB",
-                f"{x['step_time_median_s'] * 1e3:.2f} ms",
-            ))
+            rows.append(
+                (
+                    name,
+                    run,
+                    f"{x['growth_bytes_per_microbatch'] / MiB:.3f} MiB",
+                    f"{r['record_bytes_per_microbatch'] / MiB:.3f} MiB",
+                    f"{r['expected_pinned_bytes_per_microbatch'] / MiB:.3f} MiB",
+                    f"{x['peak_bytes'] / MiB:.1f} MiB",
+                    f"{x['step_time_median_s'] * 1e3:.2f} ms",
+                )
+            )
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     for name, r in report["scenarios"].items():
         for check, ok, detail in verdicts(r):
-            lines.append(f"{name}: {check}: {detail}" + ("" if check.startswith("step") else (" ok" if ok else " FAIL")))
+            lines.append(
+                f"{name}: {check}: {detail}" + ("" if check.startswith("step") else (" ok" if ok else " FAIL"))
+            )
     return "\n".join(lines)
 
 

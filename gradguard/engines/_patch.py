@@ -70,7 +70,9 @@ def arg_index(func: Callable[..., Any], name: str) -> int:
     return names.index(name)
 
 
-def replace_arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str, fn: Callable[[Any], Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def replace_arg(
+    args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str, fn: Callable[[Any], Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(args, kwargs)`` with the argument at ``index`` / keyword ``name`` replaced by ``fn(value)``."""
     if name in kwargs:
         kwargs = {**kwargs, name: fn(kwargs[name])}
