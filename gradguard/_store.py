@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import operator
 from collections.abc import Iterable, MutableMapping
 from typing import Any, SupportsIndex, TypeVar
 
@@ -74,8 +75,9 @@ class _Guarded(wrapt.ObjectProxy):  # type: ignore[misc]
 class _GuardedAppend(_Guarded):
     """Any object with ``append``: only ``append`` is intercepted."""
 
-    def append(self, value: Any) -> None:
-        self._self_sink.append(value)
+    # proxy.append is the sink's closure itself, fetched in C: no Python frame between the caller
+    # and publish (the guarded append is the hot path of every engine adapter).
+    append = property(operator.attrgetter("_self_sink.append"), doc="Publish ``value``, then append it.")
 
 
 class _GuardedList(_GuardedAppend):
