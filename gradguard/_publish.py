@@ -11,7 +11,7 @@ from typing import Any
 
 from ._policy import OFF, RAISE, Mode
 from ._report import caller, count_clean, graph_seen
-from ._tree import _fast, _TooDeep, detach_counted, find_graphs
+from ._tree import _detach_deep, _fast, _TooDeep, detach_counted, find_graphs
 
 __all__ = ["publish", "publish_many"]
 
@@ -31,7 +31,7 @@ def publish(store: str, mode: Mode, value: Any, offload: Offload | None = None) 
     try:  # detach_counted, inlined: this is the hot path of every guarded append
         new = _fast(value, 0, count)
     except (_TooDeep, RecursionError):
-        new = detach_counted(value, count)
+        new = _detach_deep(value, count)
     if new is value:
         count_clean(store)
     else:

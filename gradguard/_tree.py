@@ -76,8 +76,13 @@ def detach_counted(obj: Any, count: list[int]) -> Any:
     try:
         return _fast(obj, 0, count)
     except (_TooDeep, RecursionError):
-        count[0] = 0
-        return _slow(obj, _counting_detach(count))
+        return _detach_deep(obj, count)
+
+
+def _detach_deep(obj: Any, count: list[int]) -> Any:
+    """The iterative walk, for what the fast one gave up on (too deep, or a cycle)."""
+    count[0] = 0  # the fast walk's partial count
+    return _slow(obj, _counting_detach(count))
 
 
 def _fast(obj: Any, depth: int, count: list[int]) -> Any:
@@ -187,10 +192,6 @@ class _Frame:
         return self.obj if self.new is None else self.spec.unflatten(self.new, self.context)
 
 
-def _detach_leaf(t: torch.Tensor) -> torch.Tensor:
-    return t.detach() if t.requires_grad else t
-
-
 def _counting_detach(count: list[int]) -> Callable[[torch.Tensor], torch.Tensor]:
     def leaf(t: torch.Tensor) -> torch.Tensor:
         if t.requires_grad:
@@ -210,7 +211,7 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return _slow(obj, fn)
 
 
-def _slow(root: Any, leaf: Callable[[torch.Tensor], torch.Tensor] = _detach_leaf) -> Any:
+def _slow(root: Any, leaf: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     done: dict[int, Any] = {}
     open_ids: set[int] = set()
     looped: set[int] = set()
