@@ -13,28 +13,11 @@ from typing import Any
 
 import pytest
 import torch
+from _models import ActorCritic
 from torch import nn
 
 import gradguard
 from gradguard import GradGuardError, LossContractError, _contract, _graph
-
-
-class ActorCritic(nn.Module):
-    """A policy head and a value head over a shared trunk; ``named_parameters`` gives ``policy.weight``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.trunk = nn.Linear(4, 4)
-        self.policy = nn.Linear(4, 3)
-        self.value = nn.Linear(4, 1)
-
-    def forward(self, x: torch.Tensor, *, detach_policy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        h = self.trunk(x)
-        logits = self.policy(h)
-        if detach_policy:
-            logits = logits.detach()  # the bug: detached *before* the loss function
-        return logits, self.value(h)
 
 
 def ppo_like_loss(logits: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -205,6 +188,20 @@ def _distinct_nodes(root: Any) -> set[Any]:
     return seen
 
 
+def spy_nodes(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Record every node the graph walk yields, in order."""
+    yielded: list[Any] = []
+    original = _graph._nodes
+
+    def spy(roots: Any) -> Iterator[Any]:
+        for node in original(roots):
+            yielded.append(node)
+            yield node
+
+    monkeypatch.setattr(_graph, "_nodes", spy)
+    return yielded
+
+
 def test_reaches_params_walk_visits_each_node_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """x = x + x, 40 times: 2**40 paths through 41 distinct nodes; the walk must yield 41 nodes."""
     assert _contract.unreached_params is _graph.unreached_params  # _graph._nodes is the walk it uses
@@ -216,15 +213,7 @@ def test_reaches_params_walk_visits_each_node_once(monkeypatch: pytest.MonkeyPat
     loss = y.sum()
     expected = _distinct_nodes(loss.grad_fn)
 
-    yielded: list[Any] = []
-    original = _graph._nodes
-
-    def spy(roots: Any) -> Iterator[Any]:
-        for node in original(roots):
-            yielded.append(node)
-            yield node
-
-    monkeypatch.setattr(_graph, "_nodes", spy)
+    yielded = spy_nodes(monkeypatch)
     start = time.perf_counter()
     with pytest.raises(LossContractError, match="unreached"):
         gradguard.check_loss(loss, params=[("leaf", leaf), ("unreached", unreached)])
@@ -242,15 +231,7 @@ def test_walk_stops_once_every_parameter_is_found(monkeypatch: pytest.MonkeyPatc
     for _ in range(20):
         y = y + y
     loss = y.sum()
-    yielded: list[Any] = []
-    original = _graph._nodes
-
-    def spy(roots: Any) -> Iterator[Any]:
-        for node in original(roots):
-            yielded.append(node)
-            yield node
-
-    monkeypatch.setattr(_graph, "_nodes", spy)
+    yielded = spy_nodes(monkeypatch)
     assert gradguard.check_loss(loss, params=[("leaf", leaf)]) is loss
     assert len(yielded) <= len(_distinct_nodes(loss.grad_fn))
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
+from _models import ActorCritic
 
 import gradguard
 from gradguard import (
@@ -41,16 +41,7 @@ def _default_mode(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     _policy._reload_env()
 
 
-class Policy(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.trunk = nn.Linear(4, 4)
-        self.policy = nn.Linear(4, 3)
-        self.value = nn.Linear(4, 1)
-
-
-MODEL = Policy()
+MODEL = ActorCritic()
 
 
 def _outputs(detach_policy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
