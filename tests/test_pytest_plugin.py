@@ -145,7 +145,6 @@ def test_no_option_changes_nothing_and_marker_enforces_one_test(suite: pytest.Py
             "FAILED test_inner.py::test_marked_user_code - gradguard.GraphRetentionError: *",
             "FAILED test_inner.py::test_marked_guarded_store - gradguard.GraphRetentionError: *",
         ],
-        consecutive=True,
     )
     assert "userlib:train:store" in result.stdout.str()  # the error names the guarded store
 
