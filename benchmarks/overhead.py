@@ -293,6 +293,29 @@ def forward_step_cases() -> list[Case]:
 
 
 @builder
+def reaches_params_cases() -> list[Case]:
+    """``check_loss(params=...)`` (#4): the graph walk's cost against graph size (informational).
+
+    A chain of ``n`` ``AddBackward0`` nodes over one parameter: the walk visits every node before it
+    reaches the parameter's ``AccumulateGrad``. Baseline: the ``requires_grad`` check alone.
+    """
+    cases = []
+    for n in (100, 1_000, 10_000):
+        param = torch.nn.Parameter(torch.ones(4))
+        y = param * 1.0
+        for _ in range(n):
+            y = y + 1.0
+        loss = y.sum()
+        params = [("param", param)]
+        cases.append(
+            Case(f"reaches_params, {n + 3}-node graph", functools.partial(gradguard.check_loss, params=params),
+                 gradguard.check_loss, loss, INFO, None, "check_loss(params=)", "check_loss()",
+                 group="loss contract (#4)", note=f"{n + 3} nodes")
+        )
+    return cases
+
+
+@builder
 def megatron_cases() -> list[Case]:
     """A patched megatron-core ``forward_step_calc_loss`` (#4): <= 5 us per call plus the detach.
 
