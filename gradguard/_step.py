@@ -169,6 +169,11 @@ def forward_step(
     loss_check = LossCheck(check, params, check_every) if check is not None else None
 
     def decorate(func: Callable[..., Any]) -> Any:
+        if not callable(func):
+            raise TypeError(
+                f"gradguard.forward_step decorates a function or method, got {type(func).__qualname__}; "
+                "pass options as keywords: @gradguard.forward_step(loss=..., check=...)"
+            )
         if _env_mode() == OFF:
             return func
         label = getattr(func, "__qualname__", repr(func))

@@ -697,3 +697,8 @@ def test_decoration_with_gradguard_on_wraps(monkeypatch: pytest.MonkeyPatch) -> 
         warnings.simplefilter("error")
         with pytest.raises(GraphRetentionError):
             gradguard.forward_step(original)(_verl_result())
+
+
+def test_decorating_a_non_callable_says_what_is_accepted() -> None:
+    with pytest.raises(TypeError, match="decorates a function or method, got int.*keywords"):
+        gradguard.forward_step(0)  # type: ignore[arg-type]
