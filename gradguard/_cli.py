@@ -127,13 +127,10 @@ def _bench(args: argparse.Namespace) -> int:
 def _te_unavailable(device: Any) -> str | None:
     if device.type != "cuda":
         return "Transformer Engine runs on CUDA only"
-    try:
-        import transformer_engine.pytorch  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - TE fails in many ways without its CUDA libraries
-        return (
-            f"transformer_engine does not import ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-        )
-    return None
+    from ._doctor import te_import_error
+
+    error = te_import_error()
+    return None if error is None else f"transformer_engine does not import ({error})"
 
 
 def _progress(total: int, disabled: bool) -> tuple[Any, Any]:

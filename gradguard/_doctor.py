@@ -11,17 +11,25 @@ from . import __version__, engines
 from ._errors import GradGuardError
 from ._policy import ENV_VAR, _reload_env, mode_source
 
-__all__ = ["doctor"]
+__all__ = ["doctor", "te_import_error"]
+
+
+def te_import_error() -> str | None:
+    """Why ``transformer_engine.pytorch`` does not import here, in one line; ``None`` when it does."""
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - TE fails in many ways without its CUDA libraries
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return f"{type(exc).__name__}: {first}"
+    return None
 
 
 def _te_status() -> str:
     if importlib.util.find_spec("transformer_engine") is None:
         return "not installed (pip install 'gradguard[te]' on a CUDA machine)"
-    try:
-        import transformer_engine.pytorch as te  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - TE fails in many ways without its CUDA libraries
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        return f"installed but does not import: {type(exc).__name__}: {first}"
+    error = te_import_error()
+    if error is not None:
+        return f"installed but does not import: {error}"
     import transformer_engine
 
     return f"importable, version {getattr(transformer_engine, '__version__', '?')}"
