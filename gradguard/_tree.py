@@ -87,31 +87,45 @@ def _detach_deep(obj: Any, count: list[int]) -> Any:
 
 def _fast(obj: Any, depth: int, count: list[int]) -> Any:
     cls = type(obj)
-    if cls is _Tensor:
-        if obj.requires_grad:
-            count[0] += 1
-            return obj.detach()
-        return obj
-    if cls in _ATOMS:
-        return obj
-    if depth > _FAST_DEPTH:
-        raise _TooDeep
     if cls is dict:
         children: Any = obj.values()
     elif cls is list or cls is tuple:
         children = obj
+    elif cls is _Tensor:
+        if obj.requires_grad:
+            count[0] += 1
+            return obj.detach()
+        return obj
+    elif cls in _ATOMS:
+        return obj
     else:
         return _general(obj, depth, count)
+    if depth > _FAST_DEPTH:
+        raise _TooDeep
     # Scan for the first child that changes: most records have none and come back as they are.
     for child in children:
         kind = type(child)
         if kind is _Tensor:
             if child.requires_grad:
                 return _rebuild(obj, cls, child, _PENDING, depth, count)
-        elif kind not in _ATOMS:
-            new = _fast(child, depth + 1, count)
-            if new is not child:
-                return _rebuild(obj, cls, child, new, depth, count)
+            continue
+        if kind in _ATOMS:
+            continue
+        if kind is dict or kind is list or kind is tuple:
+            # One level scanned inline, without a call: a record's sub-containers mostly hold tensors
+            # and scalars. On a hit the recursive call below walks this child again.
+            for grandchild in child.values() if kind is dict else child:
+                inner = type(grandchild)
+                if inner is _Tensor:
+                    if grandchild.requires_grad:
+                        break
+                elif inner not in _ATOMS:
+                    break
+            else:
+                continue
+        new = _fast(child, depth + 1, count)
+        if new is not child:
+            return _rebuild(obj, cls, child, new, depth, count)
     return obj
 
 
