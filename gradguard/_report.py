@@ -1,8 +1,10 @@
 """What happens once a graph is found: the call site, the stats, the warning or the error.
 
-Nothing here runs for a record that carries no graph except :func:`count_clean`, a per-thread
-counter: site attribution (a frame walk) only happens on the graph path, and the full inspection
-(paths, the pinned-bytes estimate) only on a site's first record, for a warning, or in raise mode.
+A record that carries no graph costs one per-thread counter (:func:`count_clean`): no frame walk,
+no lock. A record that carried a graph (:func:`graph_seen`) is attributed to its call site, keyed by
+the caller's code object and instruction offset, and counted in a per-thread table, still without a
+lock. The full inspection (paths, the pinned-bytes estimate, the line number) happens once per site
+and mode in each thread, for a warning, and in ``raise`` mode.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 import os
 import sys
 import threading
+import types
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -19,36 +22,54 @@ import wrapt
 
 from ._errors import GraphRetentionError, GraphRetentionWarning
 from ._graph import pinned_bytes
-from ._policy import DETACH, RAISE, WARN, Mode
+from ._policy import RAISE, WARN, Mode
 from ._tree import GraphRecord, find_graphs
 
-__all__ = ["SiteStats", "Stats", "caller", "count_clean", "graph_seen", "reset_stats", "stats"]
+__all__ = ["SiteStats", "Stats", "count_clean", "graph_seen", "reset_stats", "stats", "warn_outside"]
 
 logger = logging.getLogger("gradguard")
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _WRAPT_DIR = os.path.dirname(os.path.abspath(wrapt.__file__)) + os.sep
 UNRESOLVED = "(no graph: site not resolved)"
+_getframe = sys._getframe
 
 
-_internal_files: dict[str, bool] = {}
+class _Internal(dict[str, bool]):
+    """filename -> whether it is gradguard's or wrapt's (frames skipped when finding the caller)."""
+
+    def __missing__(self, filename: str) -> bool:
+        flag = self[filename] = filename.startswith((_PACKAGE_DIR, _WRAPT_DIR))
+        return flag
 
 
-def caller() -> tuple[str, int]:
-    """``(filename, lineno)`` of the innermost frame outside gradguard and wrapt.
+_internal = _Internal()
 
-    The walk starts above the function that called ``caller`` (always gradguard's own).
-    """
-    frame = sys._getframe(2)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        internal = _internal_files.get(filename)
-        if internal is None:
-            internal = _internal_files[filename] = filename.startswith((_PACKAGE_DIR, _WRAPT_DIR))
-        if not internal:
-            return filename, frame.f_lineno
-        frame = frame.f_back  # type: ignore[assignment]
-    return "<unknown>", 0
+
+def _outside(frame: types.FrameType | None) -> types.FrameType | None:
+    """``frame`` or the first one above it that is neither gradguard's nor wrapt's."""
+    while frame is not None and _internal[frame.f_code.co_filename]:
+        frame = frame.f_back
+    return frame
+
+
+def warn_outside(message: str, category: type[Warning]) -> None:
+    """``warnings.warn``, attributed to the first caller outside gradguard and wrapt (as it would
+    be with the right ``stacklevel``, whatever gradguard's own call depth)."""
+    frame = _outside(_getframe(1))
+    if frame is None:
+        warnings.warn(message, category, stacklevel=2)
+        return
+    module_globals = frame.f_globals
+    warnings.warn_explicit(
+        message,
+        category,
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        module=module_globals.get("__name__"),
+        registry=module_globals.setdefault("__warningregistry__", {}),
+        module_globals=module_globals,
+    )
 
 
 @dataclass
@@ -85,33 +106,51 @@ class Stats(dict[tuple[str, str], SiteStats]):
 
 
 class _Site:
-    __slots__ = ("store", "site", "estimate", "records", "tensors")
+    """One (store, ``file:line``) row: its estimate, and the code objects whose ids key it (kept alive)."""
+
+    __slots__ = ("store", "site", "estimate", "codes")
 
     def __init__(self, store: str, site: str, estimate: int) -> None:
         self.store, self.site, self.estimate = store, site, estimate
-        self.records = self.tensors = 0
-
-    def snapshot(self) -> SiteStats:
-        return SiteStats(self.store, self.site, self.records, self.tensors, self.estimate, self.records * self.estimate)
+        self.codes: list[types.CodeType] = []
 
 
-_lock = threading.Lock()
-_sites: dict[tuple[str, tuple[str, int]], _Site] = {}  # (store, (filename, lineno)) -> counters
-_warned: set[tuple[str, tuple[str, int]]] = set()
-# Clean records are counted per thread without a lock (the hot path); stats() adds the tables up.
-_clean_tables: list[dict[str, int]] = []
+_lock = threading.Lock()  # guards _sites, _warned, _tallies and _Site.codes; never taken per record
+_sites: dict[tuple[str, str], _Site] = {}  # (store, "file:line") -> row
+_warned: set[tuple[str, str]] = set()
+# Per-thread counters: only their thread writes them, so the per-record paths take no lock.
+#   clean: store -> records without a graph
+#   sites: (store, id(code), f_lasti, mode) -> [site, records, tensors]; a key is present once its
+#          site was inspected in this thread for that mode (in warn mode: once the site has warned)
+_tallies: list[tuple[dict[str, int], dict[Any, list[Any]]]] = []
 _local = threading.local()
+
+
+def _this_thread() -> tuple[dict[str, int], dict[Any, list[Any]]]:
+    tally: tuple[dict[str, int], dict[Any, list[Any]]] = ({}, {})
+    _local.clean, _local.sites = tally
+    with _lock:
+        _tallies.append(tally)
+    return tally
 
 
 def stats() -> Stats:
     """A snapshot of the per-site counters of every guarded store in this process."""
     with _lock:
-        snapshot = Stats({(s.store, s.site): s.snapshot() for s in _sites.values()})
-        tables = [dict(t) for t in _clean_tables]
-    for table in tables:
-        for store, n in table.items():
-            row = snapshot.setdefault((store, UNRESOLVED), SiteStats(store, UNRESOLVED))
-            row.records += n
+        rows = {key: SiteStats(site.store, site.site, 0, 0, site.estimate) for key, site in _sites.items()}
+        tables = [(dict(clean), [tuple(e) for e in sites.values()]) for clean, sites in _tallies]
+    for clean, entries in tables:
+        for site, records, tensors in entries:
+            row = rows[(site.store, site.site)]
+            row.records += records
+            row.tensors_detached += tensors
+        for store, n in clean.items():
+            rows.setdefault((store, UNRESOLVED), SiteStats(store, UNRESOLVED)).records += n
+    snapshot = Stats()
+    for key, row in rows.items():
+        if row.records:
+            row.pinned_bytes_released = row.records * row.pinned_bytes_per_record
+            snapshot[key] = row
     return snapshot
 
 
@@ -120,70 +159,91 @@ def reset_stats() -> None:
     with _lock:
         _sites.clear()
         _warned.clear()
-        for table in _clean_tables:
-            table.clear()
+        for clean, sites in _tallies:
+            clean.clear()
+            sites.clear()
 
 
 def count_clean(store: str, n: int = 1) -> None:
     """Count ``n`` records that reached ``store`` carrying nothing to detach."""
     try:
-        table = _local.table
+        clean = _local.clean
     except AttributeError:
-        table = _local.table = {}
-        with _lock:
-            _clean_tables.append(table)
-    table[store] = table.get(store, 0) + n
+        clean = _this_thread()[0]
+    clean[store] = clean.get(store, 0) + n
 
 
-def graph_seen(store: str, mode: Mode, record: Any, n_detached: int, where: tuple[str, int]) -> None:
+def graph_seen(store: str, mode: Mode, record: Any, n_detached: int, direct: bool = False) -> None:
     """Account one record from which ``n_detached`` tensors were detached; warn or raise per ``mode``.
 
-    ``record`` is the original (undetached) record. Once a site is known (and, in ``warn`` mode, has
-    warned), this only bumps its counters: the record is inspected (``find_graphs``, and the
-    ``pinned_bytes`` estimate, once per site) on a site's first record, for its warning, and in
-    ``raise`` mode, where it raises :class:`GraphRetentionError` and counts nothing. A record whose
-    detached tensors were all leaves (no graph) is counted as clean there. In ``warn`` mode the
-    warning comes before the counting: when a warnings filter turns it into an exception, the record
-    is refused like in ``raise`` mode and the site is not marked as warned.
+    ``record`` is the original (undetached) record. The call site is the caller of the function
+    that called ``graph_seen`` (gradguard's ``publish_into``): as it is when ``direct`` (a store's
+    ``append``: whoever called it appended), else the first frame from there that is neither
+    gradguard's nor wrapt's. A site already inspected in this thread for ``mode`` only has its
+    counters bumped. Otherwise see :func:`_inspect`.
     """
-    key = (store, where)
-    entry = _sites.get(key)
-    if entry is not None and (mode == DETACH or (mode == WARN and key in _warned)):
-        _lock.acquire()  # not `with`: this is the per-record path of a known site
-        entry.records += 1
-        entry.tensors += n_detached
-        _lock.release()
-        return
+    frame = _getframe(2) if direct else _outside(_getframe(2))
+    key = (store, 0, 0, mode) if frame is None else (store, id(frame.f_code), frame.f_lasti, mode)
+    try:
+        sites = _local.sites
+    except AttributeError:
+        sites = _this_thread()[1]
+    entry = sites.get(key)
+    if entry is None:
+        _inspect(store, mode, record, n_detached, frame, sites, key)
+    else:  # two increments: a concurrent stats() may see the record before its tensors
+        entry[1] += 1
+        entry[2] += n_detached
+
+
+def _inspect(
+    store: str, mode: Mode, record: Any, n: int, frame: types.FrameType | None, sites: dict[Any, list[Any]], key: Any
+) -> None:
+    """A site's first record in this thread and mode: find the graphs, estimate, warn or raise, count.
+
+    In ``raise`` mode this raises :class:`GraphRetentionError` and counts nothing (nor is the site
+    remembered: every record there is inspected). A record whose detached tensors were all leaves
+    (no graph) is counted as clean. In ``warn`` mode the warning comes before the counting: when a
+    warnings filter turns it into an exception, the record is refused like in ``raise`` mode and the
+    site is not marked as warned.
+    """
     graphs = find_graphs(record)
     if not graphs:
         count_clean(store)
         return
-    estimate = entry.estimate if entry is not None else pinned_bytes(record)
-    site = f"{where[0]}:{where[1]}"
+    where = ("<unknown>", 0) if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+    site_name = f"{where[0]}:{where[1]}"
+    row = (store, site_name)
+    with _lock:
+        site = _sites.get(row)
+    estimate = site.estimate if site is not None else pinned_bytes(record)
     if mode == RAISE:
-        raise GraphRetentionError(_message(store, site, graphs, estimate, refused=True))
+        raise GraphRetentionError(_message(store, site_name, graphs, estimate, refused=True))
     if mode == WARN:
         with _lock:
-            warn = key not in _warned
-            _warned.add(key)  # claimed before warning: one warning per site across threads
+            warn = row not in _warned
+            _warned.add(row)  # claimed before warning: one warning per site across threads
         if warn:
             try:
                 warnings.warn_explicit(
-                    _message(store, site, graphs, estimate, refused=False), GraphRetentionWarning, *where
+                    _message(store, site_name, graphs, estimate, refused=False), GraphRetentionWarning, *where
                 )
             except BaseException:
                 with _lock:
-                    _warned.discard(key)
+                    _warned.discard(row)
                 raise
     with _lock:
-        entry = _sites.get(key)
-        first = entry is None
-        if entry is None:
-            entry = _sites[key] = _Site(store, site, estimate)
-        entry.records += 1
-        entry.tensors += n_detached
+        site = _sites.get(row)
+        first = site is None
+        if site is None:
+            site = _sites[row] = _Site(store, site_name, estimate)
+        if frame is not None:
+            site.codes.append(frame.f_code)  # keeps id(f_code) in this thread's key meaning this code
+    sites[key] = [site, 1, n]
     if first:
-        logger.debug("gradguard: first graph-carrying record at %s into %s (~%s pinned)", site, store, _human(estimate))
+        logger.debug(
+            "gradguard: first graph-carrying record at %s into %s (~%s pinned)", site_name, store, _human(estimate)
+        )
 
 
 def _message(store: str, site: str, graphs: list[GraphRecord], estimate: int, *, refused: bool) -> str:

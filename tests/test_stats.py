@@ -90,10 +90,10 @@ def test_pinned_bytes_estimated_once_for_many_appends_from_one_line(spy: Countin
 
 
 def test_clean_records_never_estimate_nor_walk_frames(spy: CountingPinnedBytes, monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_frames() -> tuple[str, int]:
+    def no_frames(*args: Any) -> None:
         raise AssertionError("site attribution ran for a clean record")
 
-    monkeypatch.setattr("gradguard._publish.caller", no_frames)
+    monkeypatch.setattr("gradguard._publish.graph_seen", no_frames)
     store = gradguard.guard([], name="clean_only")
     for _ in range(20):
         store.append(clean())
@@ -110,6 +110,23 @@ def test_stores_are_kept_apart() -> None:
     rows = gradguard.stats()
     assert rows[("first", f"{HERE}:{line}")].records == 1
     assert rows[("second", f"{HERE}:{line}")].records == 1
+
+
+def test_one_line_is_one_row_whatever_the_code_object() -> None:
+    """Sites are keyed by code object and instruction offset on the hot path; rows stay file:line."""
+    store = gradguard.guard([], name="one_row")
+    line = lineno() + 1
+    store.append(record()); store.append(record())  # noqa: E702 - two appends, one line
+    # fresh code objects, dropped after each exec: an id reused by a later code object must not
+    # carry its records into another file's row
+    for i in range(40):
+        filename = "<generated-a>" if i % 2 else "<generated-b>"
+        exec(compile("store.append(record())", filename, "exec"), {"store": store, "record": record})
+    rows = gradguard.stats()
+    assert rows[("one_row", f"{HERE}:{line}")].records == 2
+    assert rows[("one_row", "<generated-a>:1")].records == 20
+    assert rows[("one_row", "<generated-b>:1")].records == 20
+    assert len(rows) == 3
 
 
 def test_stats_is_a_snapshot() -> None:
