@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import inspect
 import itertools
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -27,9 +26,10 @@ import wrapt
 from ._contract import Params, check_loss
 from ._errors import GradGuardError, LossContractError, LossContractWarning
 from ._policy import OFF, _env_mode, resolve
-from ._publish import publish
+from ._publish import publish, publish_into
+from ._report import warn_outside
 
-__all__ = ["LossCheck", "forward_step", "guard_loss_func", "guard_result"]
+__all__ = ["Labels", "LossCheck", "forward_step", "guard_loss_func", "guard_result"]
 
 Check = Literal["requires_grad", "reaches_params"] | None
 _CHECKS = ("requires_grad", "reaches_params", None)
@@ -63,12 +63,12 @@ class LossCheck:
         self.on_violation, self.name = on_violation, name
         self._calls = itertools.count()
         self._active = check is not None and on_violation != "off"
-        self._walks = check == "reaches_params"
+        self.walks = check == "reaches_params"  # when False, a loss that requires grad always passes
 
     def __call__(self, loss: Any) -> None:
         if not self._active:
             return
-        walk = self._walks and next(self._calls) % self.check_every == 0
+        walk = self.walks and next(self._calls) % self.check_every == 0
         if not walk and type(loss) is torch.Tensor and loss.requires_grad:
             return  # the common, passing case without the call below
         try:
@@ -76,13 +76,25 @@ class LossCheck:
         except LossContractError as exc:
             if self.on_violation == "raise":
                 raise
-            warnings.warn(str(exc), LossContractWarning, stacklevel=3)
+            warn_outside(str(exc), LossContractWarning)
 
 
-def guard_result(result: Any, loss_key: Any, label: str, check: LossCheck | None) -> Any:
+class Labels(dict[Any, str]):
+    """Store labels of a result's elements, ``"{label}[{key!r}]"``, built once per key."""
+
+    def __init__(self, label: str) -> None:
+        super().__init__()
+        self.label = label
+
+    def __missing__(self, key: Any) -> str:
+        name = self[key] = f"{self.label}[{key!r}]"
+        return name
+
+
+def guard_result(result: Any, loss_key: Any, labels: Labels, check: LossCheck | None) -> Any:
     """verl style: check ``result[loss_key]`` and publish every other element (nothing in ``off``).
 
-    Each other element is published as its own record, into the store ``"{label}[{key}]"``
+    Each other element is published as its own record, into the store ``labels[key]``
     (``Engine.forward_step[1]``, path ``['model_output']['log_probs']``). A result with nothing to
     detach comes back as itself; a changed one is rebuilt as its own type, the loss element the very
     same object.
@@ -91,13 +103,14 @@ def guard_result(result: Any, loss_key: Any, label: str, check: LossCheck | None
     if mode == OFF:
         return result
     if isinstance(result, (tuple, list)):  # before the Mapping ABC check: the common case, and cheap
-        if not isinstance(loss_key, int) or not -len(result) <= loss_key < len(result):
-            raise GradGuardError(f"{label} returned {len(result)} elements; loss={loss_key!r} is not an index of them")
-        keys: Any = range(len(result))
-        loss_at = loss_key % len(result)
+        n = len(result)
+        if type(loss_key) is not int or not -n <= loss_key < n:
+            raise GradGuardError(f"{labels.label} returned {n} elements; loss={loss_key!r} is not an index of them")
+        keys: Any = range(n)
+        loss_at = loss_key % n
     elif isinstance(result, Mapping):
         if loss_key not in result:
-            raise GradGuardError(f"{label} returned a mapping without the loss key {loss_key!r}")
+            raise GradGuardError(f"{labels.label} returned a mapping without the loss key {loss_key!r}")
         keys = list(result)
         loss_at = loss_key
     else:  # a bare loss
@@ -105,32 +118,29 @@ def guard_result(result: Any, loss_key: Any, label: str, check: LossCheck | None
             check(result)
         return result
     if check is not None:
-        check(result[loss_at])
-    changed = None
+        loss = result[loss_at]
+        if check.walks or type(loss) is not torch.Tensor or not loss.requires_grad:  # else it passes
+            check(loss)
+    out: Any = None
     for key in keys:
         if key != loss_at:
             item = result[key]
-            new = publish(f"{label}[{key!r}]", mode, item)
+            new = publish_into(None, labels[key], mode, None, item)
             if new is not item:
-                if changed is None:
-                    changed = {}
-                changed[key] = new
-    if changed is None:
+                if out is None:
+                    out = copy.copy(result) if isinstance(result, Mapping) else list(result)
+                out[key] = new
+    cls = type(result)
+    if out is None:
         return result
-    if isinstance(result, Mapping):
-        out: Any = copy.copy(result)
-        for key, new in changed.items():
-            out[key] = new
+    if cls is tuple:
+        return tuple(out)
+    if cls is list or isinstance(result, Mapping):
         return out
-    items = [changed.get(i, v) for i, v in enumerate(result)]
-    if type(result) is tuple:
-        return tuple(items)
-    if type(result) is list:
-        return items
-    return type(result)._make(items) if hasattr(result, "_fields") else type(result)(items)
+    return cls._make(out) if hasattr(result, "_fields") else cls(out)
 
 
-def guard_loss_func(loss_func: Callable[..., Any], label: str, check: LossCheck | None) -> Callable[..., Any]:
+def guard_loss_func(loss_func: Callable[..., Any], labels: Labels, check: LossCheck | None) -> Callable[..., Any]:
     """Megatron style: wrap ``loss_func`` so its loss stays live and checked and the rest is published.
 
     ``loss_func(output, non_loss_data=True)`` (Megatron's ``collect_non_loss_data``) returns data,
@@ -140,9 +150,9 @@ def guard_loss_func(loss_func: Callable[..., Any], label: str, check: LossCheck 
     def guarded_loss_func(*args: Any, **kwargs: Any) -> Any:
         out = loss_func(*args, **kwargs)
         if kwargs.get("non_loss_data"):
-            return publish(label, resolve(None), out)  # off: publish passes it through
+            return publish(labels.label, resolve(None), out)  # off: publish passes it through
         if isinstance(out, (tuple, list)) and len(out) >= 2:
-            return guard_result(out, 0, label, check)
+            return guard_result(out, 0, labels, check)
         return out
 
     guarded_loss_func.__wrapped__ = loss_func  # type: ignore[attr-defined]
@@ -177,6 +187,7 @@ def forward_step(
         if _env_mode() == OFF:
             return func
         label = getattr(func, "__qualname__", repr(func))
+        labels, loss_func_labels = Labels(label), Labels(f"{label} loss_func")
         locate = _arg_locator(func, forward_only)
 
         def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -187,25 +198,37 @@ def forward_step(
                 and callable(result[1])
                 and not callable(result[0])
             ):
-                loss_func = guard_loss_func(result[1], f"{label} loss_func", loss_check)
+                loss_func = guard_loss_func(result[1], loss_func_labels, loss_check)
                 return type(result)((result[0], loss_func))  # type: ignore[misc]
-            skip = not torch.is_grad_enabled() or bool(locate(instance, args, kwargs))
-            return guard_result(result, loss, label, None if skip else loss_check)
+            check = loss_check
+            if check is not None:
+                if locate is not None:
+                    skip = locate(instance, args, kwargs)
+                else:  # not a parameter: only a keyword into **kwargs can say so
+                    skip = forward_only in kwargs and kwargs[forward_only]
+                if skip or not torch.is_grad_enabled():
+                    check = None  # forward-only, or no grad: no loss to train with
+            return guard_result(result, loss, labels, check)
 
         return wrapt.FunctionWrapper(func, wrapper)
 
     return decorate(fn) if fn is not None else decorate
 
 
-def _arg_locator(func: Callable[..., Any], name: str | None) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]:
-    """A fast reader of argument ``name`` from a call's ``(instance, args, kwargs)``; ``None`` if absent."""
+def _arg_locator(
+    func: Callable[..., Any], name: str | None
+) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], Any] | None:
+    """A fast reader of argument ``name`` from a call's ``(instance, args, kwargs)``.
+
+    ``None`` when ``func`` has no parameter ``name`` (then only a keyword, into ``**kwargs``, can pass it).
+    """
     try:
         parameters = list(inspect.signature(func).parameters.values())
     except (TypeError, ValueError):
         parameters = []
     names = [p.name for p in parameters]
     if name is None or name not in names:
-        return lambda instance, args, kwargs: kwargs.get(name) if name else None
+        return None
     index = names.index(name)
     default = parameters[index].default
     default = None if default is inspect.Parameter.empty else default

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .._step import LossCheck, guard_result
+from .._step import Labels, LossCheck, guard_result
 from . import _patch
 
 __all__ = ["MODULES", "instrument", "uninstrument", "version"]
@@ -57,10 +57,12 @@ def _forward_only(args: tuple[Any, ...], kwargs: dict[str, Any], index: int) -> 
 def _wrapper(attr: str, label: str) -> Any:
     # forward_step(self, micro_batch, loss_function, forward_only): forward_only is args[2]
     # postprocess_micro_batch_func(self, output, data, forward_only, loss_function, ...): args[2] too
+    labels = Labels(label)
+
     def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         result = wrapped(*args, **kwargs)
         train = torch.is_grad_enabled() and not _forward_only(args, kwargs, 2)
-        return guard_result(result, 0, label, _loss_check if train else None)
+        return guard_result(result, 0, labels, _loss_check if train else None)
 
     return wrapper
 
