@@ -14,13 +14,17 @@ loss that does not require grad is a :class:`gradguard.LossContractWarning` by d
 
 from __future__ import annotations
 
+import functools
 from importlib import metadata
 from types import ModuleType
 from typing import Any
 
-from .._policy import OFF, resolve
+import torch
+
+from .._policy import DETACH, OFF, resolve
+from .._publish import publish
 from .._step import LossCheck
-from .._store import guard
+from .._store import guarded
 from . import _patch
 
 __all__ = ["MODULES", "configure", "instrument", "uninstrument", "version"]
@@ -45,22 +49,26 @@ def version() -> str | None:
 
 
 def _guard_store(store: Any) -> Any:
-    return store if store is None else guard(store, name=STORE_NAME)
+    return store if store is None else guarded(store, STORE_NAME)
+
+
+def _check(loss: Any) -> None:
+    if type(loss) is not torch.Tensor or not loss.requires_grad:  # else it passes: skip the call
+        _loss_check(loss)
+
+
+def _call_checked(loss_func: Any, *args: Any, **kwargs: Any) -> Any:
+    outputs = loss_func(*args, **kwargs)
+    if not kwargs.get("non_loss_data") and isinstance(outputs, (tuple, list)) and outputs:
+        _check(outputs[0])
+    return outputs
 
 
 def _checked_loss_func(loss_func: Any) -> Any:
-    if loss_func is None or getattr(loss_func, "__gradguard__", False):
+    """``loss_func`` wrapped to check the loss it returns (a partial: cheap to build per call)."""
+    if loss_func is None or (type(loss_func) is functools.partial and loss_func.func is _call_checked):
         return loss_func
-
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        outputs = loss_func(*args, **kwargs)
-        if not kwargs.get("non_loss_data") and isinstance(outputs, (tuple, list)) and outputs:
-            _loss_check(outputs[0])
-        return outputs
-
-    checked.__gradguard__ = True  # type: ignore[attr-defined]
-    checked.__wrapped__ = loss_func  # type: ignore[attr-defined]
-    return checked
+    return functools.partial(_call_checked, loss_func)
 
 
 def _checked_forward_step_func(forward_step_func: Any) -> Any:
@@ -77,9 +85,15 @@ def _guarding(store_index: int, fn_index: int, fn_name: str, check: Any) -> Any:
     """A wrapper giving the call a guarded ``forward_data_store`` and a checking ``fn_name`` argument."""
 
     def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if resolve(None) != OFF:
-            args, kwargs = _patch.replace_arg(args, kwargs, store_index, "forward_data_store", _guard_store)
-            args, kwargs = _patch.replace_arg(args, kwargs, fn_index, fn_name, check)
+        if resolve(None) == OFF:
+            return wrapped(*args, **kwargs)
+        if not kwargs and len(args) > store_index > fn_index:  # how the schedules call it
+            replaced = list(args)
+            replaced[fn_index] = check(args[fn_index])
+            replaced[store_index] = _guard_store(args[store_index])
+            return wrapped(*replaced)
+        args, kwargs = _patch.replace_arg(args, kwargs, store_index, "forward_data_store", _guard_store)
+        args, kwargs = _patch.replace_arg(args, kwargs, fn_index, fn_name, check)
         return wrapped(*args, **kwargs)
 
     return wrapper
@@ -87,7 +101,39 @@ def _guarding(store_index: int, fn_index: int, fn_name: str, check: Any) -> Any:
 
 # >= 0.14: forward_step_calc_loss(model, output_tensor, loss_func, config, vp_stage,
 #          collect_non_loss_data, num_microbatches, forward_data_store, cp_group_size, is_last_stage)
-_calc_loss = _guarding(7, 2, "loss_func", _checked_loss_func)
+_calc_loss_any_call = _guarding(7, 2, "loss_func", _checked_loss_func)
+
+
+def _calc_loss(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``forward_step_calc_loss``, for the schedules' own call (ten positional arguments).
+
+    * ``detach`` mode, a ``list`` store: the records the call appended are detached as it returns
+      (building a wrapt proxy per call would cost more than the call's own Python work); stats
+      attribute them to the schedule line that called ``forward_step_calc_loss``. ``warn`` and
+      ``raise`` guard the store during the call, so messages name the append line itself.
+    * With ``is_last_stage`` given, the loss is checked on the result: at the last stage, with a
+      ``loss_func`` and no ``collect_non_loss_data``, the returned ``output_tensor`` is the loss
+      ``loss_func`` returned, scaled in place. Without it (combined 1F1B), ``loss_func`` is wrapped.
+    """
+    mode = resolve(None)
+    if kwargs or len(args) != 10 or args[9] is None or mode == OFF:
+        return _calc_loss_any_call(wrapped, instance, args, kwargs)
+    store = args[7]
+    if mode == DETACH and type(store) is list:
+        start = len(store)
+        try:
+            result = wrapped(*args)
+        finally:
+            for i in range(start, len(store)):
+                store[i] = publish(STORE_NAME, mode, store[i])
+    else:
+        replaced = list(args)
+        replaced[7] = _guard_store(store)
+        result = wrapped(*replaced)
+    if args[9] and args[2] is not None and not args[5]:
+        _check(result[0])  # a warning names the schedule line that called forward_step_calc_loss
+    return result
+
 # 0.12 / 0.13: forward_step(forward_step_func, data_iterator, model, num_microbatches, input_tensor,
 #              forward_data_store, config, ...)
 _forward_step_legacy = _guarding(5, 0, "forward_step_func", _checked_forward_step_func)

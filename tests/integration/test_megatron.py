@@ -9,6 +9,7 @@ below is what ``forward_backward_no_pipelining`` does per micro-batch.
 from __future__ import annotations
 
 import ast
+import collections
 import gc
 import inspect
 import os
@@ -219,6 +220,9 @@ def append_line(schedules: ModuleType, statement: str) -> int:
     return lines[0]
 
 
+CALC_LOSS_CALL = "output_tensor, num_tokens = forward_step_calc_loss("  # in forward_step
+
+
 def graph_paths(store: list[Any]) -> list[tuple[str, str]]:
     return [(g.path, g.grad_fn) for g in gradguard.find_graphs(store)]
 
@@ -275,8 +279,8 @@ def test_enforce_detaches_records_releases_activations_same_grads(schedules: Mod
     assert ref_grads.keys() == got_grads.keys() and ref_grads
     for name in ref_grads:
         assert torch.equal(ref_grads[name], got_grads[name]), name
-    # accounted at the schedule's append site
-    line = append_line(schedules, "forward_data_store.append(loss_reduced)")
+    # detach mode detaches what the call appended as it returns: accounted at the schedule's call
+    line = append_line(schedules, CALC_LOSS_CALL)
     (site,) = [s for s in gradguard.stats().values() if s.store == megatron_adapter.STORE_NAME]
     assert site.site.endswith(f"schedules.py:{line}") and site.records == N_MICRO
 
@@ -390,6 +394,28 @@ def test_forward_step_calc_loss_called_directly(schedules: ModuleType) -> None:
     assert len(store) == 2
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("store_type", [list, collections.deque])
+def test_detach_mode_when_the_call_raises_after_the_append(schedules: ModuleType, store_type: type) -> None:
+    """A list store is detached as forward_step_calc_loss returns, even by an exception; another
+    store type is guarded during the call. Either way nothing kept carries a graph."""
+
+    class FailingTimers:
+        def __call__(self, name: str) -> FailingTimers:
+            return self
+
+        def stop(self) -> None:  # megatron stops the forward timer after the append
+            raise RuntimeError("timer broke")
+
+    model, config, store = TinyModel(), ns_config(), store_type()
+    config.timers = FailingTimers()
+    x, y = torch.randn(2, 8), torch.randn(2, 4)
+    with gradguard.enforce(), pytest.raises(RuntimeError, match="timer broke"):
+        schedules.forward_step_calc_loss(model, model(x), partial(loss_2tuple, y), config, None, False, 1, store, 1, True)
+    assert type(store) is store_type and len(store) == 1
+    assert gradguard.find_graphs(list(store)) == []
+
+
 # --------------------------------------------------------------------------------------------------
 # 3. Strict mode raises at the append, naming path, grad_fn and the schedule's line
 # --------------------------------------------------------------------------------------------------
@@ -457,8 +483,8 @@ def test_detached_loss_warns_by_default(schedules: ModuleType) -> None:
         run = run_forward_step(schedules, loss_detached, n=2)
     contract = [w for w in record if issubclass(w.category, gradguard.LossContractWarning)]
     assert len(contract) == 2  # one per micro-batch: each is a loss that cannot train
-    # attributed to the schedule's loss_func call, not to gradguard
-    line = append_line(schedules, "outputs = loss_func(output_tensor)")
+    # checked on what forward_step_calc_loss returned: attributed to the schedule's call, not to gradguard
+    line = append_line(schedules, CALC_LOSS_CALL)
     assert {(os.path.basename(w.filename), w.lineno) for w in contract} == {("schedules.py", line)}
     # Megatron itself skipped backward (the output needs no grad) and kept going
     assert all(p.grad is None for p in run.model.parameters())
@@ -471,11 +497,34 @@ def test_detached_loss_raises_when_configured(schedules: ModuleType) -> None:
     store: list[Any] = []
     with gradguard.enforce(), pytest.raises(gradguard.LossContractError, match="does not require grad"):
         run_forward_step(schedules, loss_detached, n=1, store=store)
-    assert store == []  # raised from loss_func, before the append
+    assert len(store) == 1 and gradguard.find_graphs(store) == []  # raised as the call returned
     # a healthy loss passes the same check
     with gradguard.enforce():
         run_forward_step(schedules, loss_clean, n=1, store=store)
-    assert len(store) == 1
+    assert len(store) == 2
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", ["detach", "raise"])
+def test_without_is_last_stage_the_loss_func_is_checked(
+    schedules: ModuleType, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """combined 1F1B calls forward_step_calc_loss with eight arguments: megatron asks parallel_state
+    for the stage, and the adapter checks what loss_func returns, at the loss_func call."""
+    monkeypatch.setattr(schedules.parallel_state, "get_context_parallel_world_size", lambda: 1)
+    monkeypatch.setattr(schedules.parallel_state, "is_pipeline_last_stage", lambda **_: True)
+    model, config, store = TinyModel(), ns_config(), []
+    x, y = torch.randn(2, 8), torch.randn(2, 4)
+    line = append_line(schedules, "outputs = loss_func(output_tensor)")
+    with gradguard.enforce(mode=mode):
+        with pytest.warns(gradguard.LossContractWarning, match="does not require grad") as record:
+            schedules.forward_step_calc_loss(model, model(x), partial(loss_detached, y), config, None, False, 1, store)
+        contract = [w for w in record if issubclass(w.category, gradguard.LossContractWarning)]
+        assert [(os.path.basename(w.filename), w.lineno) for w in contract] == [("schedules.py", line)]
+        loss, _ = schedules.forward_step_calc_loss(model, model(x), partial(loss_clean, y), config, None, False, 1, store)
+    assert loss.requires_grad  # a healthy loss passes, silently
+    assert_detached_records(store, {"lm loss"})
+    assert len(store) == 2
 
 
 @pytest.mark.integration
