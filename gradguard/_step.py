@@ -108,11 +108,13 @@ def guard_result(result: Any, loss_key: Any, labels: Labels, check: LossCheck | 
             raise GradGuardError(f"{labels.label} returned {n} elements; loss={loss_key!r} is not an index of them")
         keys: Any = range(n)
         loss_at = loss_key % n
+        mapping = False
     elif isinstance(result, Mapping):
         if loss_key not in result:
             raise GradGuardError(f"{labels.label} returned a mapping without the loss key {loss_key!r}")
         keys = list(result)
         loss_at = loss_key
+        mapping = True
     else:  # a bare loss
         if check is not None:
             check(result)
@@ -128,15 +130,13 @@ def guard_result(result: Any, loss_key: Any, labels: Labels, check: LossCheck | 
             new = publish_into(None, labels[key], mode, None, item)
             if new is not item:
                 if out is None:
-                    out = copy.copy(result) if isinstance(result, Mapping) else list(result)
+                    out = copy.copy(result) if mapping else list(result)
                 out[key] = new
     cls = type(result)
-    if out is None:
-        return result
+    if out is None or mapping or cls is list:
+        return result if out is None else out
     if cls is tuple:
         return tuple(out)
-    if cls is list or isinstance(result, Mapping):
-        return out
     return cls._make(out) if hasattr(result, "_fields") else cls(out)
 
 
