@@ -8,8 +8,11 @@ Method. Every case pairs a *candidate* (gradguard) with a *baseline* (what it is
 are timed in the same process, interleaved: each round times one batch of N calls of each, the order
 alternating from round to round, with ``gc`` collected beforehand and disabled while timing, and torch
 pinned to one thread. N is calibrated per side so a batch lasts ``--batch-ms``. The per-call time of a
-side is the median over rounds of (batch time / N); ratios and deltas are computed from those medians.
-The loop and the call of the callable itself are inside both sides' times (same shape on both sides).
+side is the median over rounds of (batch time / N); ratios and deltas are computed from those medians,
+and the verdict is taken on them. The "best rounds" column repeats the comparison on each side's
+fastest round: this machine's speed changes during a run (up to 2x), and the minima show the
+least-disturbed cost. The loop and the call of the callable itself are inside both sides' times (same
+shape on both sides).
 
 Targets are of two kinds: ``ratio`` (candidate / baseline must be <= target) and ``delta_us``
 (candidate - baseline, in microseconds, must be <= target). ``info`` cases report a ratio without a
@@ -226,12 +229,16 @@ def guarded_append_cases() -> list[Case]:
     rec = verl_record(leaf)  # detach_tree never mutates it, so one object serves every append
     clean = narrow_detach(rec)
 
+    # Both sides fetch ``append`` from the store on every call, as engine code does
+    # (``forward_data_store.append(...)``): on a guarded store that fetch goes through the proxy.
     g_graph = guard([], mode="detach", name="bench-graph")
     plain_graph: list[Any] = []
-    plain_graph_append = plain_graph.append
+
+    def guarded_append_graph(r: Any) -> None:
+        g_graph.append(r)
 
     def detach_then_append(r: Any) -> None:
-        plain_graph_append(detach_tree(r))
+        plain_graph.append(detach_tree(r))
 
     def reset_graph() -> None:
         unwrap(g_graph).clear()
@@ -239,6 +246,12 @@ def guarded_append_cases() -> list[Case]:
 
     g_clean = guard([], mode="detach", name="bench-clean")
     plain_clean: list[Any] = []
+
+    def guarded_append_clean(r: Any) -> None:
+        g_clean.append(r)
+
+    def plain_append(r: Any) -> None:
+        plain_clean.append(r)
 
     def reset_clean() -> None:
         unwrap(g_clean).clear()
@@ -255,9 +268,9 @@ def guarded_append_cases() -> list[Case]:
 
     grp = "guarded append (#3), mode detach"
     return [
-        Case("guard([]).append(verl record, graph)", g_graph.append, detach_then_append, rec, DELTA_US, 0.5,
+        Case("guard([]).append(verl record, graph)", guarded_append_graph, detach_then_append, rec, DELTA_US, 0.5,
              "guarded append", "detach_tree + list.append", reset=reset_graph, check=check, group=grp),
-        Case("guard([]).append(clean record)", g_clean.append, plain_clean.append, clean, DELTA_US, 1.3,
+        Case("guard([]).append(clean record)", guarded_append_clean, plain_append, clean, DELTA_US, 1.3,
              "guarded append", "list.append", reset=reset_clean, group=grp),
     ]
 
@@ -266,30 +279,32 @@ def guarded_append_cases() -> list[Case]:
 def forward_step_cases() -> list[Case]:
     """``@gradguard.forward_step`` (#4): <= 3 us per call plus the detach itself.
 
-    Active once ``gradguard.forward_step`` exists. Candidate: the decorated verl-style step returning
-    ``(loss, record)``; baseline: the same undecorated step followed by ``detach_tree`` of the record,
-    so the delta is the decorator's own overhead. Adjust to the final decorator API if it differs.
+    Candidate: the decorated verl-style step returning ``(loss, record)``; baseline: the same
+    undecorated step followed by ``detach_tree`` of the record, so the delta is the decorator's own
+    overhead. Two records: one whose tensors carry a graph, and the same already detached.
     """
     fs = getattr(gradguard, "forward_step", None)
     if fs is None:
         raise Unavailable("gradguard.forward_step not implemented yet (#4)")
     leaf = torch.randn(SHAPE, requires_grad=True)
-    rec = verl_record(leaf)
     loss = (leaf * 3).sum()
+    cases = []
+    # The record with a graph (what verl <= 0.8 published), and the same record detached (verl 0.9.1
+    # detaches it itself): the decorator then only walks it.
+    for what, rec in (("record", verl_record(leaf)), ("detached record", narrow_detach(verl_record(leaf)))):
 
-    def step(batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
-        return loss, rec
+        def step(batch: Any, rec: Any = rec) -> tuple[torch.Tensor, dict[str, Any]]:
+            return loss, rec
 
-    decorated = fs(step)
+        def undecorated_then_detach(batch: Any, step: Any = step) -> tuple[torch.Tensor, Any]:
+            live, out = step(batch)
+            return live, detach_tree(out)
 
-    def undecorated_then_detach(batch: Any) -> tuple[torch.Tensor, Any]:
-        l, out = step(batch)
-        return l, detach_tree(out)
-
-    return [
-        Case("@forward_step, verl (loss, record)", decorated, undecorated_then_detach, None, DELTA_US, 3.0,
-             "decorated step", "step + detach_tree", group="@forward_step (#4)"),
-    ]
+        cases.append(
+            Case(f"@forward_step, verl (loss, {what})", fs(step), undecorated_then_detach, None, DELTA_US, 3.0,
+                 "decorated step", "step + detach_tree", group="@forward_step (#4)")
+        )
+    return cases
 
 
 @builder
@@ -323,7 +338,8 @@ def megatron_cases() -> list[Case]:
     ``gradguard.enforce(engines=["megatron"])``, entered for the rest of the run); baseline: the
     original function object, then ``detach_tree`` of the record it appended. Both call the same
     ``loss_func`` (a fresh loss, so megatron's in-place loss scaling never chains graphs), last stage,
-    training, ``num_microbatches=1``.
+    training, ``num_microbatches=1``. Two ``loss_func``s: one reporting undetached logits (a user's
+    bug), one reporting a detached loss as Megatron's own loss functions do.
     """
     try:
         with warnings.catch_warnings():
@@ -348,29 +364,36 @@ def megatron_cases() -> list[Case]:
     store: list[Any] = []
 
     def loss_func(output: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-        return leaf.sum() * 1.0, {"lm loss": 0.5, "logits": output}
+        return leaf.sum() * 1.0, {"lm loss": 0.5, "logits": output}  # the user bug: logits undetached
+
+    def loss_func_detached(output: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        loss = leaf.sum() * 1.0
+        return loss, {"lm loss": loss.detach()}  # what Megatron's own loss functions report
 
     output = _graph_tensor(leaf)
+    cases = []
+    for what, fn in (("", loss_func), (", detached report", loss_func_detached)):
 
-    def candidate(_: Any) -> Any:
-        return patched(model, output, loss_func, config, None, False, 1, store, 1, True)
+        def candidate(_: Any, fn: Any = fn) -> Any:
+            return patched(model, output, fn, config, None, False, 1, store, 1, True)
 
-    def baseline(_: Any) -> Any:
-        result = original(model, output, loss_func, config, None, False, 1, store, 1, True)
-        store[-1] = detach_tree(store[-1])
-        return result
+        def baseline(_: Any, fn: Any = fn) -> Any:
+            result = original(model, output, fn, config, None, False, 1, store, 1, True)
+            store[-1] = detach_tree(store[-1])
+            return result
 
-    def check() -> None:
-        candidate(None)
-        baseline(None)
-        assert [r.path for r in gradguard.find_graphs(store)] == [], "both sides must store detached records"
-        store.clear()
+        def check(candidate: Any = candidate, baseline: Any = baseline) -> None:
+            candidate(None)
+            baseline(None)
+            assert [r.path for r in gradguard.find_graphs(store)] == [], "both sides must store detached records"
+            store.clear()
 
-    return [
-        Case("patched forward_step_calc_loss", candidate, baseline, None, DELTA_US, 5.0,
-             "patched (enforce)", "original + detach_tree", reset=store.clear, check=check,
-             group="megatron adapter (#4)"),
-    ]
+        cases.append(
+            Case(f"patched forward_step_calc_loss{what}", candidate, baseline, None, DELTA_US, 5.0,
+                 "patched (enforce)", "original + detach_tree", reset=store.clear, check=check,
+                 group="megatron adapter (#4)")
+        )
+    return cases
 
 
 # --------------------------------------------------------------------------------------------------
@@ -525,6 +548,13 @@ def _value_str(r: Result) -> str:
     return f"{r.ratio:.3f}x"
 
 
+def _best_str(r: Result) -> str:
+    """The same comparison on each side's fastest round: the least-disturbed estimate."""
+    if r.case.kind == DELTA_US:
+        return f"{r.candidate_min_us - r.baseline_min_us:+.2f} us"
+    return f"{r.candidate_min_us / r.baseline_min_us:.3f}x"
+
+
 def _verdict(r: Result) -> str:
     return {True: "PASS", False: "FAIL", None: "-"}[r.passed]
 
@@ -540,12 +570,13 @@ def table_rows(results: list[Result]) -> list[tuple[str, ...]]:
             _value_str(r),
             _target_str(r.case),
             _verdict(r),
+            _best_str(r),
         )
         for r in results
     ]
 
 
-HEADER = ("case", "candidate", "cand us", "baseline", "base us", "ratio / delta", "target", "result")
+HEADER = ("case", "candidate", "cand us", "baseline", "base us", "ratio / delta", "target", "result", "best rounds")
 
 
 def text_table(results: list[Result]) -> str:
@@ -561,8 +592,8 @@ def markdown(results: list[Result], m: dict[str, Any], skipped: list[tuple[str, 
         f"Machine: {machine_line(m)}",
         "",
         f"`python benchmarks/overhead.py{' --quick' if args.quick else ''}` — {args.rounds} interleaved rounds, "
-        f"batches of ~{args.batch_ms:g} ms per side, median per-call time; torch threads = 1, gc disabled "
-        "while timing.",
+        f"batches of ~{args.batch_ms:g} ms per side, median per-call time (verdict); best rounds: the same "
+        "comparison on each side's fastest round; torch threads = 1, gc disabled while timing.",
         "",
         "| " + " | ".join(HEADER) + " |",
         "|" + "|".join("---" for _ in HEADER) + "|",
