@@ -5,14 +5,18 @@
     python benchmarks/overhead.py --only append   # cases whose name contains "append"
 
 Method. Every case pairs a *candidate* (gradguard) with a *baseline* (what it is compared to). Both
-are timed in the same process, interleaved: each round times one batch of N calls of each, the order
-alternating from round to round, with ``gc`` collected beforehand and disabled while timing, and torch
-pinned to one thread. N is calibrated per side so a batch lasts ``--batch-ms``. The per-call time of a
-side is the median over rounds of (batch time / N); ratios and deltas are computed from those medians,
-and the verdict is taken on them. The "best rounds" column repeats the comparison on each side's
-fastest round: this machine's speed changes during a run (up to 2x), and the minima show the
-least-disturbed cost. The loop and the call of the callable itself are inside both sides' times (same
-shape on both sides).
+are timed in the same process, interleaved: each round times one batch of N calls of each, back to
+back, the order alternating from round to round, with ``gc`` collected beforehand and disabled while
+timing, and torch pinned to one thread. N is calibrated per side so a batch lasts ``--batch-ms``. The
+loop and the call of the callable itself are inside both sides' times (same shape on both sides).
+
+The verdict is *paired*: each round gives the ratio candidate / baseline of its two batches, taken
+milliseconds apart; the paired ratio is the median of those. A ``delta_us`` target is checked against
+(paired ratio - 1) x the baseline's fastest round, i.e. the overhead in microseconds at the machine's
+undisturbed speed. Why: this shared machine changes speed by up to 2x within seconds, and a round's
+two batches almost always run at the same speed, while two sides' medians over a whole case can mix
+speeds. The table also gives the comparison on independent medians (each side's median over rounds)
+and on best rounds (each side's fastest round).
 
 Targets are of two kinds: ``ratio`` (candidate / baseline must be <= target) and ``delta_us``
 (candidate - baseline, in microseconds, must be <= target). ``info`` cases report a ratio without a
@@ -433,18 +437,27 @@ class Result:
     rounds: int
     candidate_min_us: float = 0.0
     baseline_min_us: float = 0.0
+    paired_ratio: float = 0.0  # median over rounds of candidate / baseline within the round
 
     @property
     def ratio(self) -> float:
+        """Independent medians: candidate median / baseline median."""
         return self.candidate_us / self.baseline_us
 
     @property
     def delta_us(self) -> float:
+        """Independent medians: candidate median - baseline median."""
         return self.candidate_us - self.baseline_us
 
     @property
+    def paired_delta_us(self) -> float:
+        """The paired ratio's excess, in microseconds at the baseline's fastest round."""
+        return (self.paired_ratio - 1.0) * self.baseline_min_us
+
+    @property
     def value(self) -> float:
-        return self.delta_us if self.case.kind == DELTA_US else self.ratio
+        """What the target is checked against: the paired statistic."""
+        return self.paired_delta_us if self.case.kind == DELTA_US else self.paired_ratio
 
     @property
     def passed(self) -> bool | None:
@@ -493,6 +506,7 @@ def measure(case: Case, rounds: int, batch_ms: float) -> Result:
         rounds,
         min(samples[0]),
         min(samples[1]),
+        statistics.median(c / b for c, b in zip(samples[0], samples[1])),
     )
 
 
@@ -543,8 +557,16 @@ def _target_str(c: Case) -> str:
 
 
 def _value_str(r: Result) -> str:
+    """The verdict's statistic: paired within rounds."""
     if r.case.kind == DELTA_US:
-        return f"{r.delta_us:+.2f} us ({r.ratio:.2f}x)"
+        return f"{r.paired_delta_us:+.2f} us ({r.paired_ratio:.2f}x)"
+    return f"{r.paired_ratio:.3f}x"
+
+
+def _medians_str(r: Result) -> str:
+    """The same comparison on independent medians (each side's own median over rounds)."""
+    if r.case.kind == DELTA_US:
+        return f"{r.delta_us:+.2f} us"
     return f"{r.ratio:.3f}x"
 
 
@@ -570,13 +592,16 @@ def table_rows(results: list[Result]) -> list[tuple[str, ...]]:
             _value_str(r),
             _target_str(r.case),
             _verdict(r),
+            _medians_str(r),
             _best_str(r),
         )
         for r in results
     ]
 
 
-HEADER = ("case", "candidate", "cand us", "baseline", "base us", "ratio / delta", "target", "result", "best rounds")
+HEADER = (
+    "case", "candidate", "cand us", "baseline", "base us", "paired", "target", "result", "medians", "best rounds",
+)
 
 
 def text_table(results: list[Result]) -> str:
@@ -592,8 +617,10 @@ def markdown(results: list[Result], m: dict[str, Any], skipped: list[tuple[str, 
         f"Machine: {machine_line(m)}",
         "",
         f"`python benchmarks/overhead.py{' --quick' if args.quick else ''}` — {args.rounds} interleaved rounds, "
-        f"batches of ~{args.batch_ms:g} ms per side, median per-call time (verdict); best rounds: the same "
-        "comparison on each side's fastest round; torch threads = 1, gc disabled while timing.",
+        f"batches of ~{args.batch_ms:g} ms per side; torch threads = 1, gc disabled while timing. "
+        "*paired* (the verdict): median over rounds of candidate / baseline within a round; a delta is "
+        "(that ratio - 1) x the baseline's fastest round. *medians*: each side's median over rounds. "
+        "*best rounds*: each side's fastest round. cand us / base us: each side's median.",
         "",
         "| " + " | ".join(HEADER) + " |",
         "|" + "|".join("---" for _ in HEADER) + "|",
@@ -621,10 +648,12 @@ def to_json(results: list[Result], m: dict[str, Any], skipped: list[tuple[str, s
                 "candidate_iqr_rel": r.candidate_spread,
                 "baseline_iqr_rel": r.baseline_spread,
                 "calls_per_batch": [r.n_candidate, r.n_baseline],
+                "paired_ratio": r.paired_ratio,
+                "paired_delta_us": r.paired_delta_us,
                 "ratio": r.ratio,
+                "delta_us": r.delta_us,
                 "ratio_of_minima": r.candidate_min_us / r.baseline_min_us,
                 "delta_of_minima_us": r.candidate_min_us - r.baseline_min_us,
-                "delta_us": r.delta_us,
                 "kind": r.case.kind,
                 "target": r.case.target,
                 "passed": r.passed,
@@ -686,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for c in cases:
         r = measure(c, args.rounds, args.batch_ms)
-        print(f"  {c.name}: {r.candidate_us:.3f} us vs {r.baseline_us:.3f} us -> {_value_str(r)} {_verdict(r)}",
+        print(f"  {c.name}: {r.candidate_us:.3f} us vs {r.baseline_us:.3f} us -> paired {_value_str(r)} {_verdict(r)}",
               flush=True)
         results.append(r)
     gradguard.reset_stats()

@@ -1,8 +1,9 @@
 """megatron-core: guard ``forward_data_store`` where the pipeline schedules append to it.
 
 * megatron-core >= 0.14: ``schedules.forward_step_calc_loss`` (every schedule, and the combined-1F1B
-  path, which imports it inside a function and so sees the patch) receives a guarded
-  ``forward_data_store``; its ``loss_func`` is wrapped to check the loss it returns.
+  path, which imports it inside a function and so sees the patch): what it appends to
+  ``forward_data_store`` is detached, and the loss ``loss_func`` returned is checked (see
+  :func:`_calc_loss` for how, per mode).
 * 0.12 / 0.13 (loss code inside ``forward_step``): ``schedules.forward_step`` receives the guarded
   store, and ``forward_step_func`` is wrapped so that the ``loss_func`` it returns is checked.
 
