@@ -19,7 +19,12 @@ Offload = Callable[[Any], Any]
 
 
 def publish_into(
-    append: Callable[[Any], Any] | None, store: str, mode: Mode | None, offload: Offload | None, value: Any
+    append: Callable[[Any], Any] | None,
+    store: str,
+    mode: Mode | None,
+    offload: Offload | None,
+    value: Any,
+    skip: int = 0,
 ) -> Any:
     """Publish ``value`` into ``store`` under ``mode`` (``None``: the context's), then ``append`` it.
 
@@ -27,6 +32,10 @@ def publish_into(
     Otherwise the value is detached lazily; a value that carried a graph is accounted to its call site
     and warned about (``warn``) or refused with :class:`GraphRetentionError` (``raise``, before anything
     is counted or stored). ``offload`` then moves what is stored (``offload="cpu"``).
+
+    The call site: with ``append``, whoever called this function (a store's ``append``); else the
+    first frame outside gradguard and wrapt, the search starting ``skip`` frames above the caller
+    (frames the caller knows to be gradguard's own).
 
     This is the hot path of every guarded append: stores bind the first four arguments with
     ``functools.partial``, so no Python frame sits between the appending code and this one.
@@ -44,7 +53,7 @@ def publish_into(
         if new is value:
             count_clean(store)
         else:
-            graph_seen(store, mode, value, count[0], append is not None)
+            graph_seen(store, mode, value, count[0], None if append is not None else skip)
         if offload is not None:
             new = offload(new)
     if append is not None:

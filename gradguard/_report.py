@@ -173,16 +173,16 @@ def count_clean(store: str, n: int = 1) -> None:
     clean[store] = clean.get(store, 0) + n
 
 
-def graph_seen(store: str, mode: Mode, record: Any, n_detached: int, direct: bool = False) -> None:
+def graph_seen(store: str, mode: Mode, record: Any, n_detached: int, skip: int | None = 0) -> None:
     """Account one record from which ``n_detached`` tensors were detached; warn or raise per ``mode``.
 
-    ``record`` is the original (undetached) record. The call site is the caller of the function
-    that called ``graph_seen`` (gradguard's ``publish_into``): as it is when ``direct`` (a store's
-    ``append``: whoever called it appended), else the first frame from there that is neither
-    gradguard's nor wrapt's. A site already inspected in this thread for ``mode`` only has its
-    counters bumped. Otherwise see :func:`_inspect`.
+    ``record`` is the original (undetached) record. The call site is found from the caller of the
+    function that called ``graph_seen`` (gradguard's ``publish_into``): that frame itself when
+    ``skip`` is ``None`` (a store's ``append``: whoever called it appended); else the first frame
+    that is neither gradguard's nor wrapt's, searching from ``skip`` frames above it. A site already
+    inspected in this thread for ``mode`` only has its counters bumped. Otherwise see :func:`_inspect`.
     """
-    frame = _getframe(2) if direct else _outside(_getframe(2))
+    frame = _getframe(2) if skip is None else _outside(_getframe(2 + skip))
     key = (store, 0, 0, mode) if frame is None else (store, id(frame.f_code), frame.f_lasti, mode)
     try:
         sites = _local.sites

@@ -97,7 +97,8 @@ def guard_result(result: Any, loss_key: Any, labels: Labels, check: LossCheck | 
     Each other element is published as its own record, into the store ``labels[key]``
     (``Engine.forward_step[1]``, path ``['model_output']['log_probs']``). A result with nothing to
     detach comes back as itself; a changed one is rebuilt as its own type, the loss element the very
-    same object.
+    same object. Callers are one gradguard frame each (a wrapt wrapper, the ``loss_func`` wrapper),
+    so the call site search starts two frames up.
     """
     mode = resolve(None)
     if mode == OFF:
@@ -127,7 +128,7 @@ def guard_result(result: Any, loss_key: Any, labels: Labels, check: LossCheck | 
     for key in keys:
         if key != loss_at:
             item = result[key]
-            new = publish_into(None, labels[key], mode, None, item)
+            new = publish_into(None, labels[key], mode, None, item, 2)  # this frame and its caller's: ours
             if new is not item:
                 if out is None:
                     out = copy.copy(result) if mapping else list(result)

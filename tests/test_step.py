@@ -702,3 +702,38 @@ def test_decoration_with_gradguard_on_wraps(monkeypatch: pytest.MonkeyPatch) -> 
 def test_decorating_a_non_callable_says_what_is_accepted() -> None:
     with pytest.raises(TypeError, match="decorates a function or method, got int.*keywords"):
         gradguard.forward_step(0)  # type: ignore[arg-type]
+
+
+def test_warnings_and_stats_name_the_line_that_called_the_step() -> None:
+    """The call site of a published element is the caller of the decorated function (or of the
+    wrapped loss_func), never a gradguard or wrapt frame."""
+
+    class Engine:
+        @gradguard.forward_step
+        def forward_step(self, batch: Any) -> Any:
+            return _verl_result()
+
+    @gradguard.forward_step
+    def verl_step(batch: Any) -> Any:
+        return _verl_result()
+
+    @gradguard.forward_step
+    def megatron_step(batch: Any) -> Any:
+        loss, policy = _outputs()
+        return policy, lambda output: (loss, {"logits": output})
+
+    here = os.path.abspath(__file__)
+    lines = []
+    with gradguard.enforce(mode="warn", engines="none"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lines.append(sys._getframe().f_lineno + 1)
+        verl_step(None)
+        lines.append(sys._getframe().f_lineno + 1)
+        Engine().forward_step(None)
+        output, loss_func = megatron_step(None)
+        lines.append(sys._getframe().f_lineno + 1)
+        loss_func(output)
+    warned = [(w.filename, w.lineno) for w in caught if issubclass(w.category, gradguard.GraphRetentionWarning)]
+    assert warned == [(here, line) for line in lines]
+    sites = {s.site for s in gradguard.stats().values() if s.site != "(no graph: site not resolved)"}
+    assert sites == {f"{here}:{line}" for line in lines}
