@@ -182,7 +182,13 @@ def graph_seen(store: str, mode: Mode, record: Any, n_detached: int, skip: int |
     that is neither gradguard's nor wrapt's, searching from ``skip`` frames above it. A site already
     inspected in this thread for ``mode`` only has its counters bumped. Otherwise see :func:`_inspect`.
     """
-    frame = _getframe(2) if skip is None else _outside(_getframe(2 + skip))
+    frame: types.FrameType | None
+    if skip is None:
+        frame = _getframe(2)
+    else:
+        frame = _getframe(2 + skip)
+        if _internal[frame.f_code.co_filename]:  # checked here first: usually the site itself
+            frame = _outside(frame)
     key = (store, 0, 0, mode) if frame is None else (store, id(frame.f_code), frame.f_lasti, mode)
     try:
         sites = _local.sites

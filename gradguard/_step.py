@@ -34,6 +34,8 @@ __all__ = ["Labels", "LossCheck", "forward_step", "guard_loss_func", "guard_resu
 Check = Literal["requires_grad", "reaches_params"] | None
 _CHECKS = ("requires_grad", "reaches_params", None)
 _MISSING = object()
+_Tensor = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
 
 
 class LossCheck:
@@ -42,6 +44,8 @@ class LossCheck:
     ``on_violation`` is ``"raise"`` (a :class:`LossContractError`), ``"warn"`` (a
     :class:`LossContractWarning`) or ``"off"``.
     """
+
+    __slots__ = ("check", "params", "check_every", "on_violation", "name", "_calls", "_active", "walks")
 
     def __init__(
         self,
@@ -69,7 +73,7 @@ class LossCheck:
         if not self._active:
             return
         walk = self.walks and next(self._calls) % self.check_every == 0
-        if not walk and type(loss) is torch.Tensor and loss.requires_grad:
+        if not walk and type(loss) is _Tensor and loss.requires_grad:
             return  # the common, passing case without the call below
         try:
             check_loss(loss, name=self.name, params=self.params if walk else None)
@@ -122,7 +126,7 @@ def guard_result(result: Any, loss_key: Any, labels: Labels, check: LossCheck | 
         return result
     if check is not None:
         loss = result[loss_at]
-        if check.walks or type(loss) is not torch.Tensor or not loss.requires_grad:  # else it passes
+        if check.walks or type(loss) is not _Tensor or not loss.requires_grad:  # else it passes
             check(loss)
     out: Any = None
     for key in keys:
@@ -207,7 +211,7 @@ def forward_step(
                     skip = locate(instance, args, kwargs)
                 else:  # not a parameter: only a keyword into **kwargs can say so
                     skip = forward_only in kwargs and kwargs[forward_only]
-                if skip or not torch.is_grad_enabled():
+                if skip or not _grad_enabled():
                     check = None  # forward-only, or no grad: no loss to train with
             return guard_result(result, loss, labels, check)
 
