@@ -111,13 +111,13 @@ def guard_result(result: Any, loss_key: Any, labels: Labels, check: LossCheck | 
         n = len(result)
         if type(loss_key) is not int or not -n <= loss_key < n:
             raise GradGuardError(f"{labels.label} returned {n} elements; loss={loss_key!r} is not an index of them")
-        keys: Any = range(n)
+        items: Any = enumerate(result)
         loss_at = loss_key % n
         mapping = False
     elif isinstance(result, Mapping):
         if loss_key not in result:
             raise GradGuardError(f"{labels.label} returned a mapping without the loss key {loss_key!r}")
-        keys = list(result)
+        items = result.items()
         loss_at = loss_key
         mapping = True
     else:  # a bare loss
@@ -129,9 +129,8 @@ def guard_result(result: Any, loss_key: Any, labels: Labels, check: LossCheck | 
         if check.walks or type(loss) is not _Tensor or not loss.requires_grad:  # else it passes
             check(loss)
     out: Any = None
-    for key in keys:
+    for key, item in items:
         if key != loss_at:
-            item = result[key]
             new = publish_into(None, labels[key], mode, None, item, 2)  # this frame and its caller's: ours
             if new is not item:
                 if out is None:
@@ -196,7 +195,7 @@ def forward_step(
         locate = _arg_locator(func, forward_only)
 
         def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            result = wrapped(*args, **kwargs)
+            result = wrapped(*args, **kwargs) if kwargs else wrapped(*args)
             if (
                 isinstance(result, (tuple, list))
                 and len(result) == 2
