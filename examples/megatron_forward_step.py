@@ -11,9 +11,10 @@ The ``loss_func`` is a common one with a common slip: its report holds ``output.
 graph: the receive buffer and its ``.grad``, and (through the ``**2`` branch, which backward never
 traverses) the model output it saved.
 
-Inside ``with gradguard.enforce():`` the megatron adapter guards ``forward_data_store`` where
-``forward_step_calc_loss`` appends to it, after the loss is computed and scaled: the reports hold
-the same values, nothing is pinned, and the gradients are bitwise the same.
+Inside ``with gradguard.enforce():`` the megatron adapter detaches what ``forward_step_calc_loss``
+appends to ``forward_data_store`` (as the call returns; in ``warn``/``raise`` mode at the append
+itself), after the loss is computed and scaled: the reports hold the same values, nothing is pinned,
+and the gradients are bitwise the same.
 
 Run: ``python examples/megatron_forward_step.py`` (about 10 s, most of it megatron's import).
 """
