@@ -188,7 +188,7 @@ def graph_seen(store: str, mode: Mode, record: Any, n_detached: int, skip: int |
     else:
         frame = _getframe(2 + skip)
         if _internal[frame.f_code.co_filename]:  # checked here first: usually the site itself
-            frame = _outside(frame)
+            frame = _outside(frame.f_back)
     key = (store, 0, 0, mode) if frame is None else (store, id(frame.f_code), frame.f_lasti, mode)
     try:
         sites = _local.sites

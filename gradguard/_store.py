@@ -77,8 +77,7 @@ class _GuardedAppend(_Guarded):
     __slots__ = ("append",)
 
     def __init__(self, wrapped: Any, sink: _Sink) -> None:
-        wrapt.ObjectProxy.__init__(self, wrapped)
-        self._self_sink = sink
+        super().__init__(wrapped, sink)
         # Set through the slot's descriptor: wrapt forwards ``self.append = ...`` to the wrapped object.
         _APPEND.__set__(self, functools.partial(publish_into, wrapped.append, sink.label, sink.mode, sink.offload))
 

@@ -88,11 +88,6 @@ def _guarding(store_index: int, fn_index: int, fn_name: str, check: Any) -> Any:
     def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if resolve(None) == OFF:
             return wrapped(*args, **kwargs)
-        if not kwargs and len(args) > store_index > fn_index:  # how the schedules call it
-            replaced = list(args)
-            replaced[fn_index] = check(args[fn_index])
-            replaced[store_index] = _guard_store(args[store_index])
-            return wrapped(*replaced)
         args, kwargs = _patch.replace_arg(args, kwargs, store_index, "forward_data_store", _guard_store)
         args, kwargs = _patch.replace_arg(args, kwargs, fn_index, fn_name, check)
         return wrapped(*args, **kwargs)
