@@ -285,7 +285,9 @@ def forward_step_cases() -> list[Case]:
 
     Candidate: the decorated verl-style step returning ``(loss, record)``; baseline: the same
     undecorated step followed by ``detach_tree`` of the record, so the delta is the decorator's own
-    overhead. Two records: one whose tensors carry a graph, and the same already detached.
+    overhead. Two records: one whose tensors carry a graph, and the same already detached. The
+    graph record is also timed through a method, as engines define ``forward_step``: each
+    ``engine.forward_step`` then costs wrapt a bound wrapper, on top of the plain function's call.
     """
     fs = getattr(gradguard, "forward_step", None)
     if fs is None:
@@ -308,6 +310,28 @@ def forward_step_cases() -> list[Case]:
             Case(f"@forward_step, verl (loss, {what})", fs(step), undecorated_then_detach, None, DELTA_US, 3.0,
                  "decorated step", "step + detach_tree", group="@forward_step (#4)")
         )
+
+    method_rec = verl_record(leaf)
+
+    class Engine:
+        def forward_step(self, batch: Any, rec: Any = method_rec) -> tuple[torch.Tensor, dict[str, Any]]:
+            return loss, rec
+
+        decorated = fs(forward_step)
+
+    engine = Engine()
+
+    def method_decorated(batch: Any) -> Any:
+        return engine.decorated(batch)
+
+    def method_then_detach(batch: Any) -> tuple[torch.Tensor, Any]:
+        live, out = engine.forward_step(batch)
+        return live, detach_tree(out)
+
+    cases.append(
+        Case("@forward_step method, verl (loss, record)", method_decorated, method_then_detach, None, DELTA_US, 3.0,
+             "engine.decorated", "method + detach_tree", group="@forward_step (#4)")
+    )
     return cases
 
 

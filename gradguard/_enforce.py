@@ -23,6 +23,7 @@ from . import engines as _engines
 from ._errors import GradGuardError
 from ._policy import Mode, _pop_enforced, _push_enforced, normalize_mode
 from ._store import guard
+from ._wrapper import function_wrapper
 from .engines import _patch
 
 __all__ = ["enforce"]
@@ -73,7 +74,7 @@ class enforce:
             with self:
                 return wrapped(*args, **kwargs)
 
-        return wrapt.FunctionWrapper(func, wrapper)
+        return function_wrapper(func, wrapper)
 
     def __repr__(self) -> str:
         return f"gradguard.enforce(mode={self.mode!r}, targets={[':'.join(k[1:]) for k in self._keys]})"

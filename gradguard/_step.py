@@ -21,19 +21,19 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import torch
-import wrapt
 
 from ._contract import Params, check_loss
 from ._errors import GradGuardError, LossContractError, LossContractWarning
 from ._policy import OFF, _env_mode, resolve
 from ._publish import publish, publish_into
 from ._report import warn_outside
+from ._wrapper import Wrapper, function_wrapper
 
 __all__ = ["Labels", "LossCheck", "forward_step", "guard_loss_func", "guard_result"]
 
 Check = Literal["requires_grad", "reaches_params"] | None
 _CHECKS = ("requires_grad", "reaches_params", None)
-_MISSING = object()
+Kwargs = dict[str, Any]
 _Tensor = torch.Tensor
 _grad_enabled = torch.is_grad_enabled
 
@@ -95,19 +95,26 @@ class Labels(dict[Any, str]):
         return name
 
 
-def guard_result(result: Any, loss_key: Any, labels: Labels, check: LossCheck | None) -> Any:
+def guard_result(result: Any, loss_key: Any, labels: Labels, check: LossCheck | None, frames: int = 1) -> Any:
     """verl style: check ``result[loss_key]`` and publish every other element (nothing in ``off``).
 
     Each other element is published as its own record, into the store ``labels[key]``
     (``Engine.forward_step[1]``, path ``['model_output']['log_probs']``). A result with nothing to
     detach comes back as itself; a changed one is rebuilt as its own type, the loss element the very
-    same object. Callers are one gradguard frame each (a wrapt wrapper, the ``loss_func`` wrapper),
-    so the call site search starts two frames up.
+    same object. ``frames`` counts gradguard's frames between this function and the code whose
+    call produced ``result`` (1: the wrapper that called it), where the call site search starts.
     """
+    skip = frames + 1  # publish_into's skip: this frame too
     mode = resolve(None)
     if mode == OFF:
         return result
-    if isinstance(result, (tuple, list)):  # before the Mapping ABC check: the common case, and cheap
+    if type(result) is tuple and len(result) == 2 and loss_key == 0 and type(loss_key) is int:
+        loss, item = result  # verl's (loss, output): the common case, without the general loop below
+        if check is not None and (check.walks or type(loss) is not _Tensor or not loss.requires_grad):
+            check(loss)  # else it passes
+        new = publish_into(None, labels[1], mode, None, item, skip)
+        return result if new is item else (loss, new)
+    if isinstance(result, (tuple, list)):  # before the Mapping ABC check: common, and cheap
         n = len(result)
         if type(loss_key) is not int or not -n <= loss_key < n:
             raise GradGuardError(f"{labels.label} returned {n} elements; loss={loss_key!r} is not an index of them")
@@ -131,7 +138,7 @@ def guard_result(result: Any, loss_key: Any, labels: Labels, check: LossCheck | 
     out: Any = None
     for key, item in items:
         if key != loss_at:
-            new = publish_into(None, labels[key], mode, None, item, 2)  # this frame and its caller's: ours
+            new = publish_into(None, labels[key], mode, None, item, skip)
             if new is not item:
                 if out is None:
                     out = copy.copy(result) if mapping else list(result)
@@ -194,27 +201,30 @@ def forward_step(
         labels, loss_func_labels = Labels(label), Labels(f"{label} loss_func")
         locate = _arg_locator(func, forward_only)
 
-        def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            result = wrapped(*args, **kwargs) if kwargs else wrapped(*args)
-            if (
-                isinstance(result, (tuple, list))
-                and len(result) == 2
-                and callable(result[1])
-                and not callable(result[0])
-            ):
-                loss_func = guard_loss_func(result[1], loss_func_labels, loss_check)
-                return type(result)((result[0], loss_func))  # type: ignore[misc]
-            check = loss_check
-            if check is not None:
-                if locate is not None:
-                    skip = locate(instance, args, kwargs)
-                else:  # not a parameter: only a keyword into **kwargs can say so
-                    skip = forward_only in kwargs and kwargs[forward_only]
-                if skip or not _grad_enabled():
-                    check = None  # forward-only, or no grad: no loss to train with
-            return guard_result(result, loss, labels, check)
+        def make_wrapper(frames: int) -> Wrapper:  # frames: gradguard's between the caller and guard_result
+            def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: Kwargs) -> Any:
+                result = wrapped(*args, **kwargs) if kwargs else wrapped(*args)
+                if (
+                    isinstance(result, (tuple, list))
+                    and len(result) == 2
+                    and callable(result[1])
+                    and not callable(result[0])
+                ):
+                    loss_func = guard_loss_func(result[1], loss_func_labels, loss_check)
+                    return type(result)((result[0], loss_func))  # type: ignore[misc]
+                check = loss_check
+                if check is not None:
+                    if locate is not None:
+                        no_grad_call = locate(instance, args, kwargs)
+                    else:  # not a parameter: only a keyword into **kwargs can say so
+                        no_grad_call = forward_only in kwargs and kwargs[forward_only]
+                    if no_grad_call or not _grad_enabled():
+                        check = None  # forward-only, or no grad: no loss to train with
+                return guard_result(result, loss, labels, check, frames)
 
-        return wrapt.FunctionWrapper(func, wrapper)
+            return wrapper
+
+        return function_wrapper(func, make_wrapper(1), direct=make_wrapper(2))
 
     return decorate(fn) if fn is not None else decorate
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+import wrapt
 from _models import ActorCritic
 
 import gradguard
@@ -713,9 +714,19 @@ def test_warnings_and_stats_name_the_line_that_called_the_step() -> None:
         def forward_step(self, batch: Any) -> Any:
             return _verl_result()
 
+        @staticmethod
+        @gradguard.forward_step
+        def static_step(batch: Any) -> Any:
+            return _verl_result()
+
     @gradguard.forward_step
     def verl_step(batch: Any) -> Any:
         return _verl_result()
+
+    def passthrough(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        return wrapped(*args, **kwargs)
+
+    rewrapped = wrapt.FunctionWrapper(verl_step, passthrough)  # someone else's wrapt decorator on top
 
     @gradguard.forward_step
     def megatron_step(batch: Any) -> Any:
@@ -730,6 +741,14 @@ def test_warnings_and_stats_name_the_line_that_called_the_step() -> None:
         verl_step(None)
         lines.append(sys._getframe().f_lineno + 1)
         Engine().forward_step(None)
+        lines.append(sys._getframe().f_lineno + 1)
+        Engine.forward_step(Engine(), None)
+        lines.append(sys._getframe().f_lineno + 1)
+        Engine.forward_step(None, None)  # bound through the class, instance None: wrapt passes a partial
+        lines.append(sys._getframe().f_lineno + 1)
+        Engine().static_step(None)
+        rewrapped(None)  # the site: passthrough's call of verl_step, user code too
+        lines.append(passthrough.__code__.co_firstlineno + 1)
         output, loss_func = megatron_step(None)
         lines.append(sys._getframe().f_lineno + 1)
         loss_func(output)

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import wrapt
+from .._wrapper import function_wrapper
 
 __all__ = ["arg_index", "install", "is_installed", "replace_arg", "uninstall"]
 
@@ -36,7 +36,7 @@ def install(owner: Any, attr: str, wrapper: Callable[..., Any]) -> None:
             return
         current = _current(owner, attr)
         inherited = isinstance(owner, type) and attr not in vars(owner)
-        replacement = wrapt.FunctionWrapper(current, wrapper)
+        replacement = function_wrapper(current, wrapper)
         setattr(owner, attr, replacement)
         _patched[(id(owner), attr)] = (owner, _INHERITED if inherited else current, replacement)
 

@@ -130,6 +130,7 @@ def _calc_loss(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[
         _check(result[0])  # a warning names the schedule line that called forward_step_calc_loss
     return result
 
+
 # 0.12 / 0.13: forward_step(forward_step_func, data_iterator, model, num_microbatches, input_tensor,
 #              forward_data_store, config, ...)
 _forward_step_legacy = _guarding(5, 0, "forward_step_func", _checked_forward_step_func)
