@@ -182,24 +182,27 @@ def graph_seen(store: str, mode: Mode, record: Any, n_detached: int, skip: int |
     that is neither gradguard's nor wrapt's, searching from ``skip`` frames above it. A site already
     inspected in this thread for ``mode`` only has its counters bumped. Otherwise see :func:`_inspect`.
     """
-    frame: types.FrameType | None
-    if skip is None:
-        frame = _getframe(2)
-    else:
-        frame = _getframe(2 + skip)
-        if _internal[frame.f_code.co_filename]:  # checked here first: usually the site itself
-            frame = _outside(frame.f_back)
-    key = (store, 0, 0, mode) if frame is None else (store, id(frame.f_code), frame.f_lasti, mode)
+    start = _getframe(2 if skip is None else 2 + skip)
     try:
         sites = _local.sites
     except AttributeError:
         sites = _this_thread()[1]
-    entry = sites.get(key)
+    # Looked up before the frame is checked: most records come from a site already counted, and a
+    # search past gradguard's and wrapt's frames never ends on one of theirs, so never on a key made
+    # from a start frame that needed it.
+    entry = sites.get((store, id(start.f_code), start.f_lasti, mode))
     if entry is None:
-        _inspect(store, mode, record, n_detached, frame, sites, key)
-    else:  # two increments: a concurrent stats() may see the record before its tensors
-        entry[1] += 1
-        entry[2] += n_detached
+        frame: types.FrameType | None = start
+        if skip is not None and _internal[start.f_code.co_filename]:
+            frame = _outside(start.f_back)
+        key = (store, 0, 0, mode) if frame is None else (store, id(frame.f_code), frame.f_lasti, mode)
+        entry = sites.get(key)
+        if entry is None:
+            _inspect(store, mode, record, n_detached, frame, sites, key)
+            return
+    # two increments: a concurrent stats() may see the record before its tensors
+    entry[1] += 1
+    entry[2] += n_detached
 
 
 def _inspect(

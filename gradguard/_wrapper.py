@@ -11,7 +11,7 @@ wrapt's own.
 
 from __future__ import annotations
 
-import inspect
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +23,7 @@ Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], A
 
 
 class _PlainFunctionWrapper(wrapt.FunctionWrapper):  # type: ignore[misc]
-    """A ``wrapt.FunctionWrapper`` of a plain function (``inspect.isfunction``)."""
+    """A ``wrapt.FunctionWrapper`` of a plain function (``types.FunctionType`` itself)."""
 
     # Accessed through a class, wrapt binds it with this type (its default, found without a failed lookup).
     __bound_function_wrapper__ = wrapt.BoundFunctionWrapper
@@ -45,6 +45,6 @@ def function_wrapper(func: Callable[..., Any], wrapper: Wrapper, direct: Wrapper
     (wrapt's ``BoundFunctionWrapper``, in C), and every call of a bound method, class/static method
     or other callable (``wrapt.FunctionWrapper`` itself), reach ``wrapper`` with no frame of ours.
     """
-    if inspect.isfunction(func):
+    if type(func) is types.FunctionType:  # exactly: a proxy of a function passes isfunction
         return _PlainFunctionWrapper(func, wrapper, wrapper if direct is None else direct)
     return wrapt.FunctionWrapper(func, wrapper)

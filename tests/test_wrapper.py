@@ -87,7 +87,8 @@ def test_only_plain_functions_get_the_subclass() -> None:
             pass
 
     assert type(function_wrapper(add, _recorder("w", []))) is not wrapt.FunctionWrapper
-    for other in (Owner().method, staticmethod(add), classmethod(add), len):
+    already = wrapt.FunctionWrapper(add, _recorder("w", []))  # a proxy: inspect.isfunction says True
+    for other in (Owner().method, staticmethod(add), classmethod(add), len, already):
         assert type(function_wrapper(other, _recorder("w", []))) is wrapt.FunctionWrapper
 
 

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._wrapper import function_wrapper
+from .._wrapper import Wrapper, function_wrapper
 
 __all__ = ["arg_index", "install", "is_installed", "replace_arg", "uninstall"]
 
@@ -26,17 +26,19 @@ def _current(owner: Any, attr: str) -> Any:
     return inspect.getattr_static(owner, attr) if isinstance(owner, type) else getattr(owner, attr)
 
 
-def install(owner: Any, attr: str, wrapper: Callable[..., Any]) -> None:
+def install(owner: Any, attr: str, wrapper: Wrapper, direct: Wrapper | None = None) -> None:
     """Replace ``owner.attr`` with a ``wrapt.FunctionWrapper`` calling ``wrapper(wrapped, instance, args, kwargs)``.
 
-    A method a class inherits is wrapped on that class; ``uninstall`` then removes the override.
+    ``direct``, when given, serves the unbound calls of a plain function instead (one gradguard frame
+    more between the caller and it: see :func:`gradguard._wrapper.function_wrapper`). A method a class
+    inherits is wrapped on that class; ``uninstall`` then removes the override.
     """
     with _lock:
         if (id(owner), attr) in _patched:
             return
         current = _current(owner, attr)
         inherited = isinstance(owner, type) and attr not in vars(owner)
-        replacement = function_wrapper(current, wrapper)
+        replacement = function_wrapper(current, wrapper, direct)
         setattr(owner, attr, replacement)
         _patched[(id(owner), attr)] = (owner, _INHERITED if inherited else current, replacement)
 

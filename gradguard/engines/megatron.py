@@ -3,7 +3,7 @@
 * megatron-core >= 0.14: ``schedules.forward_step_calc_loss`` (every schedule, and the combined-1F1B
   path, which imports it inside a function and so sees the patch): what it appends to
   ``forward_data_store`` is detached, and the loss ``loss_func`` returned is checked (see
-  :func:`_calc_loss` for how, per mode).
+  :func:`_calc_loss_wrapper` for how, per mode).
 * 0.12 / 0.13 (loss code inside ``forward_step``): ``schedules.forward_step`` receives the guarded
   store, and ``forward_step_func`` is wrapped so that the ``loss_func`` it returns is checked.
 
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .._policy import DETACH, OFF, resolve
-from .._publish import publish
+from .._publish import publish_into
 from .._step import LossCheck
 from .._store import guarded
 from . import _patch
@@ -100,8 +100,11 @@ def _guarding(store_index: int, fn_index: int, fn_name: str, check: Any) -> Any:
 _calc_loss_any_call = _guarding(7, 2, "loss_func", _checked_loss_func)
 
 
-def _calc_loss(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``forward_step_calc_loss``, for the schedules' own call (ten positional arguments).
+def _calc_loss_wrapper(frames: int) -> Any:
+    """The wrapper of ``forward_step_calc_loss``; ``frames``: gradguard's frames between the schedule
+    and it (0, or 1 for a call through ``_PlainFunctionWrapper.__call__``: see ``_patch.install``).
+
+    For the schedules' own call (ten positional arguments):
 
     * ``detach`` mode, a ``list`` store: the records the call appended are detached as it returns
       (building a wrapt proxy per call would cost more than the call's own Python work); stats
@@ -111,24 +114,32 @@ def _calc_loss(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[
       ``loss_func`` and no ``collect_non_loss_data``, the returned ``output_tensor`` is the loss
       ``loss_func`` returned, scaled in place. Without it (combined 1F1B), ``loss_func`` is wrapped.
     """
-    mode = resolve(None)
-    if kwargs or len(args) != 10 or args[9] is None or mode == OFF:
-        return _calc_loss_any_call(wrapped, instance, args, kwargs)
-    store = args[7]
-    if mode == DETACH and type(store) is list:
-        start = len(store)
-        try:
-            result = wrapped(*args)
-        finally:
-            for i in range(start, len(store)):
-                store[i] = publish(STORE_NAME, mode, store[i])
-    else:
-        replaced = list(args)
-        replaced[7] = _guard_store(store)
-        result = wrapped(*replaced)
-    if args[9] and args[2] is not None and not args[5]:
-        _check(result[0])  # a warning names the schedule line that called forward_step_calc_loss
-    return result
+    skip = 1 + frames  # publish_into's call-site search starts above this wrapper's frame and those
+
+    def calc_loss(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        mode = resolve(None)
+        if kwargs or len(args) != 10 or args[9] is None or mode == OFF:
+            return _calc_loss_any_call(wrapped, instance, args, kwargs)
+        store = args[7]
+        if mode == DETACH and type(store) is list:
+            start = len(store)
+            try:
+                result = wrapped(*args)
+            finally:
+                for i in range(start, len(store)):
+                    store[i] = publish_into(None, STORE_NAME, mode, None, store[i], skip)
+        else:
+            replaced = list(args)
+            replaced[7] = _guard_store(store)
+            result = wrapped(*replaced)
+        if args[9] and args[2] is not None and not args[5]:
+            _check(result[0])  # a warning names the schedule line that called forward_step_calc_loss
+        return result
+
+    return calc_loss
+
+
+_calc_loss, _calc_loss_direct = _calc_loss_wrapper(0), _calc_loss_wrapper(1)
 
 
 # 0.12 / 0.13: forward_step(forward_step_func, data_iterator, model, num_microbatches, input_tensor,
@@ -136,19 +147,19 @@ def _calc_loss(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[
 _forward_step_legacy = _guarding(5, 0, "forward_step_func", _checked_forward_step_func)
 
 
-def _target(module: ModuleType) -> tuple[str, Any]:
+def _target(module: ModuleType) -> tuple[str, Any, Any]:
+    """The attribute to patch, its wrapper, and the wrapper for direct calls (``_patch.install``)."""
     if hasattr(module, "forward_step_calc_loss"):
-        return "forward_step_calc_loss", _calc_loss
-    return "forward_step", _forward_step_legacy
+        return "forward_step_calc_loss", _calc_loss, _calc_loss_direct
+    return "forward_step", _forward_step_legacy, None
 
 
 def instrument(module: ModuleType) -> None:
     """Patch ``megatron.core.pipeline_parallel.schedules`` (idempotent)."""
-    attr, wrapper = _target(module)
-    _patch.install(module, attr, wrapper)
+    attr, wrapper, direct = _target(module)
+    _patch.install(module, attr, wrapper, direct)
 
 
 def uninstrument(module: ModuleType) -> None:
     """Restore the original function object."""
-    attr, _ = _target(module)
-    _patch.uninstall(module, attr)
+    _patch.uninstall(module, _target(module)[0])

@@ -395,6 +395,39 @@ def test_forward_step_calc_loss_called_directly(schedules: ModuleType) -> None:
 
 
 @pytest.mark.integration
+def test_direct_calls_are_accounted_to_their_own_line(schedules: ModuleType) -> None:
+    """Called directly, the patched plain function reaches the adapter through one gradguard frame
+    more than a patched wrapt-decorated one does: either way stats name the calling line, never
+    the line above it."""
+    here = os.path.abspath(__file__)
+    model, config, store = TinyModel(), ns_config(), []
+    y = torch.randn(2, 4)
+
+    def call() -> int:
+        line = sys._getframe().f_lineno + 1
+        schedules.forward_step_calc_loss(model, model(torch.randn(2, 8)), partial(loss_2tuple, y), config, None, False,
+                                         1, store, 1, True)
+        return line
+
+    def passthrough(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        return wrapped(*args, **kwargs)
+
+    original = schedules.forward_step_calc_loss
+    with gradguard.enforce():
+        direct = call()
+    schedules.forward_step_calc_loss = wrapt.FunctionWrapper(original, passthrough)  # someone else's, first
+    try:
+        with gradguard.enforce():
+            assert type(schedules.forward_step_calc_loss) is wrapt.FunctionWrapper  # wrapt's own C call
+            assert call() == direct
+    finally:
+        schedules.forward_step_calc_loss = original
+    sites = {s.site: s.records for s in gradguard.stats().values() if s.store == megatron_adapter.STORE_NAME}
+    assert sites == {f"{here}:{direct}": 2}
+    assert gradguard.find_graphs(store) == []
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("store_type", [list, collections.deque])
 def test_detach_mode_when_the_call_raises_after_the_append(schedules: ModuleType, store_type: type) -> None:
     """A list store is detached as forward_step_calc_loss returns, even by an exception; another
