@@ -744,7 +744,7 @@ def test_warnings_and_stats_name_the_line_that_called_the_step() -> None:
         lines.append(sys._getframe().f_lineno + 1)
         Engine.forward_step(Engine(), None)
         lines.append(sys._getframe().f_lineno + 1)
-        Engine.forward_step(None, None)  # bound through the class, instance None: wrapt passes a partial
+        Engine.forward_step(None, None)  # through the class, self None: wrapt passes the function, no instance
         lines.append(sys._getframe().f_lineno + 1)
         Engine().static_step(None)
         rewrapped(None)  # the site: passthrough's call of verl_step, user code too
