@@ -80,8 +80,16 @@ class MemoryProbe:
     def __exit__(self, *exc_info: object) -> None:
         self._meter.__exit__(*exc_info)
 
+    def _entered(self, what: str) -> None:
+        if not self.readings:
+            raise RuntimeError(
+                f"MemoryProbe.{what}() before the probe was entered: use `with MemoryProbe() as probe:` "
+                "(or the gradguard_probe pytest fixture), then call probe.step() once per iteration"
+            )
+
     def step(self) -> int:
         """Take a reading now (end of an iteration); returns it."""
+        self._entered("step")
         value = self._meter.read()
         self.readings.append(value)
         return value
@@ -98,6 +106,7 @@ class MemoryProbe:
 
     def assert_growth_below(self, max_bytes_per_step: float) -> None:
         """Raise ``AssertionError`` when memory grew more than ``max_bytes_per_step`` per iteration."""
+        self._entered("assert_growth_below")
         if len(self.readings) < 3:
             raise AssertionError(
                 f"MemoryProbe needs at least 2 step() readings to measure growth, has {len(self.readings) - 1}"

@@ -238,6 +238,14 @@ def test_probe_needs_two_steps_to_measure_growth(steps: int) -> None:
         probe.assert_growth_below(1e12)
 
 
+def test_probe_used_before_entering_says_how_to_use_it() -> None:
+    """d17: it said "needs at least 2 step() readings ..., has -1"."""
+    probe = MemoryProbe()
+    for use in (probe.step, lambda: probe.assert_growth_below(1)):
+        with pytest.raises(RuntimeError, match=r"before the probe was entered: use `with MemoryProbe\(\) as probe:`"):
+            use()
+
+
 def test_probe_measures_the_leak_and_the_guard() -> None:
     model = _TinyLM()
     _micro_batch(model, 0, [])  # warm-up: parameter grads and the checkpoint's lazy initialisation
