@@ -10,6 +10,7 @@ from ._contract import check_loss
 from ._enforce import enforce
 from ._errors import (
     GradGuardError,
+    GradGuardWarning,
     GraphRetentionError,
     GraphRetentionWarning,
     LossContractError,
@@ -17,15 +18,20 @@ from ._errors import (
 )
 from ._graph import pinned_bytes
 from ._policy import get_mode, set_mode
-from ._report import SiteStats, Stats, reset_stats, stats
+from ._stats import SiteStats, Stats, reset_stats, stats
 from ._step import forward_step
 from ._store import guard, unwrap
-from ._tree import GraphRecord, detach_tree, find_graphs, register_container, unregister_container
+from ._containers import register_container, unregister_container
+from ._tree import GraphRecord, detach_tree, find_graphs
 
+from ._compile import skip_in_dynamo as _skip_in_dynamo
+
+_skip_in_dynamo()
 __version__ = "0.1.0"
 
 __all__ = [
     "GradGuardError",
+    "GradGuardWarning",
     "GraphRecord",
     "GraphRetentionError",
     "GraphRetentionWarning",

@@ -4,11 +4,34 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["main"]
+
+
+def _threads(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; accepted: 0 (torch's default) or a positive count")
+    return value
+
+
+def _output(text: str) -> str:
+    """An output path whose folder exists and is writable: checked before the run, not after it."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"{text!r}: the folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text!r}: the folder {folder!r} is not writable")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file name")
+    return text
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -24,13 +47,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument(
         "--preset", choices=("seed-pp4",), help="seed-pp4: ~45.4 MiB pinned per micro-batch × 1024 (CUDA)"
     )
-    bench.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    bench.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
+    bench.add_argument("--json", metavar="PATH", type=_output, help="write the results as JSON")
+    bench.add_argument("--plot", metavar="PATH", type=_output, help="write a PNG plot (needs matplotlib)")
     bench.add_argument("--te", action="store_true", help="also run the Transformer Engine block (needs TE and CUDA)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.add_argument(
         "--threads",
-        type=int,
+        type=_threads,
         default=1,
         help="CPU: torch threads (default 1: steady timings on shared cores; 0 keeps torch's default)",
     )
@@ -39,6 +62,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "bench":
+        from ._errors import GradGuardError
+        from ._policy import get_mode
+
+        try:
+            get_mode()  # a bad GRADGUARD is refused here, before the run, in one line
+        except GradGuardError as exc:
+            return _fail(str(exc))
         return _bench(args)
     from ._doctor import doctor
 

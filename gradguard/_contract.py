@@ -78,3 +78,57 @@ def check_loss(loss: T, *, name: str = "scaled_loss", params: Params | None = No
                 f"still requires grad through another path, e.g. a value head or a KL term). {_TRAP}"
             )
     return loss
+
+
+# Provisional: moved here from _step.py; the graph-contract branch replaces it.
+import itertools  # noqa: E402
+from typing import Literal  # noqa: E402
+
+from ._errors import GradGuardError, LossContractWarning  # noqa: E402
+
+Check = Literal["requires_grad", "reaches_params"] | None
+CHECKS = ("requires_grad", "reaches_params", None)
+
+
+class LossCheck:
+    """One configured loss check: what to check, how often the graph walk runs, what a violation does."""
+
+    __slots__ = ("check", "params", "check_every", "on_violation", "name", "_calls", "_active", "walks")
+
+    def __init__(
+        self,
+        check: Check = "requires_grad",
+        params: Params | None = None,
+        check_every: int = 1,
+        on_violation: str = "raise",
+        name: str = "scaled_loss",
+        what: str = "on_violation",
+    ) -> None:
+        if check not in CHECKS:
+            raise GradGuardError(f"check={check!r} is not accepted; accepted: {CHECKS}")
+        if check == "reaches_params" and params is None:
+            raise GradGuardError("check='reaches_params' needs params= (a module or its parameters)")
+        if not isinstance(check_every, int) or check_every < 1:
+            raise GradGuardError(f"check_every must be a positive int, got {check_every!r}")
+        if on_violation not in ("raise", "warn", "off"):
+            raise GradGuardError(f"{what}={on_violation!r} is not accepted; accepted: 'raise', 'warn', 'off'")
+        self.check, self.params, self.check_every = check, params, check_every
+        self.on_violation, self.name = on_violation, name
+        self._calls = itertools.count()
+        self._active = check is not None and on_violation != "off"
+        self.walks = check == "reaches_params"
+
+    def __call__(self, loss: object) -> None:
+        if not self._active:
+            return
+        walk = self.walks and next(self._calls) % self.check_every == 0
+        if not walk and type(loss) is torch.Tensor and loss.requires_grad:
+            return
+        try:
+            check_loss(loss, name=self.name, params=self.params if walk else None)
+        except LossContractError as exc:
+            if self.on_violation == "raise":
+                raise
+            from ._site import caller, warn_at
+
+            warn_at(str(exc), LossContractWarning, caller())

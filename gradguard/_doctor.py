@@ -35,6 +35,19 @@ def _te_status() -> str:
     return f"importable, version {getattr(transformer_engine, '__version__', '?')}"
 
 
+def _engine_status(adapter: engines.Adapter) -> str:
+    version = adapter.version()
+    waits = ", ".join(adapter.modules)
+    if version is None or not any(importlib.util.find_spec(m.split(".")[0]) for m in adapter.modules):
+        return f"not installed; the adapter waits for {waits} (supports {adapter.package} {adapter.supported})"
+    supported = adapter.supports(version)
+    fit = {True: "supported", False: "OUTSIDE the supported range", None: "version not readable"}[supported]
+    return (
+        f"{adapter.package} {version} found, {fit} ({adapter.supported}); "
+        f"the adapter installs on import of {waits}"
+    )
+
+
 def doctor() -> int:
     """Print the report; return 1 when ``GRADGUARD`` holds an invalid value, else 0."""
     lines = [
@@ -47,13 +60,7 @@ def doctor() -> int:
         lines.append("CUDA: not available")
     lines.append(f"Transformer Engine: {_te_status()}")
     for name in engines.KNOWN:
-        adapter = engines.load(name)
-        found = [m for m in adapter.MODULES if importlib.util.find_spec(m.split(".")[0]) is not None]
-        version = adapter.version()
-        if found and version:
-            lines.append(f"engine {name}: would install on import of {', '.join(adapter.MODULES)} (found {version})")
-        else:
-            lines.append(f"engine {name}: not installed; the adapter waits for {', '.join(adapter.MODULES)}")
+        lines.append(f"engine {name}: {_engine_status(engines.load(name))}")
     status = 0
     _reload_env()
     try:

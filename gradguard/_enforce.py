@@ -1,65 +1,235 @@
 """``gradguard.enforce()``: a mode scope plus reference-counted installation of patches.
 
-Installation is process-wide and reference-counted: the first enter installs each requested engine
-adapter (through a wrapt post-import hook, so the engine may be imported before or after) and each
-user store target; the last exit restores every original object. The mode is context-local: inside
-the ``with`` block of this thread / task the enforce mode rules; other threads keep theirs.
+Installation is process-wide and reference-counted: the first scope that needs an install (an
+engine adapter, a store target) installs it, the last one to leave restores every original object.
+Engine adapters install through wrapt post-import hooks, so an engine may be imported before or
+after entering. The mode is context-local: inside the scope, in this thread or asyncio task, the
+scope's mode rules; other threads keep theirs.
 """
 
 from __future__ import annotations
 
+import abc
 import contextvars
-import importlib
-import inspect
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+import warnings
+from collections.abc import AsyncGenerator, Callable, Generator, Hashable, Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
 import wrapt
 
 from . import engines as _engines
-from ._errors import GradGuardError
+from ._arguments import Argument
+from ._errors import GradGuardError, GradGuardWarning
 from ._policy import Mode, _pop_enforced, _push_enforced, normalize_mode
-from ._store import guard
-from ._wrapper import function_wrapper
+from ._store import guard_in_place
+from ._wrapper import function_wrapper, kind
 from .engines import _patch
 
 __all__ = ["enforce"]
 
+
+# --------------------------------------------------------------------------------------------------
+# What a scope installs
+# --------------------------------------------------------------------------------------------------
+
+
+class _Install(abc.ABC):
+    """One thing a scope installs; scopes asking for equal ``key``s share one install."""
+
+    key: Hashable
+
+    @abc.abstractmethod
+    def install(self) -> None: ...
+
+    @abc.abstractmethod
+    def uninstall(self) -> None: ...
+
+
+class _EngineInstall(_Install):
+    """An engine adapter: instrument its modules now if imported, and on import otherwise."""
+
+    _hooked: set[str] = set()  # modules with a post-import hook (wrapt cannot remove one; it checks _counts)
+
+    def __init__(self, adapter: _engines.Adapter) -> None:
+        self.adapter = adapter
+        self.key = ("engine", adapter.name)
+        self.instrumented: set[str] = set()
+
+    def install(self) -> None:
+        for name in self.adapter.modules:
+            if name in sys.modules:
+                self.instrument(sys.modules[name])
+            if name not in self._hooked:
+                self._hooked.add(name)
+                wrapt.register_post_import_hook(self._on_import, name)
+
+    def instrument(self, module: ModuleType) -> None:
+        if module.__name__ not in self.instrumented:
+            self.adapter.instrument(module)
+            self.instrumented.add(module.__name__)
+
+    def _on_import(self, module: ModuleType) -> None:
+        with _lock:
+            current = _active.get(self.key)
+            if not isinstance(current, _EngineInstall):
+                return
+            try:
+                current.instrument(module)
+            except GradGuardError as exc:  # raising here would fail the user's import
+                warnings.warn(f"gradguard: the {self.adapter.name} adapter was not installed: {exc}", GradGuardWarning)
+
+    def uninstall(self) -> None:
+        for name in sorted(self.instrumented):
+            self.adapter.uninstrument(sys.modules[name])
+        self.instrumented.clear()
+
+
+class _StoreInstall(_Install):
+    """``stores={"pkg.mod:func": "arg"}``: that argument of every call is guarded in place."""
+
+    def __init__(self, target: str, arg: str) -> None:
+        self.target, self.arg = target, arg
+        self.key = ("store", target)
+        self.patched: list[tuple[Any, str]] = []
+
+    def install(self) -> None:
+        module_name, _, path = self.target.partition(":")
+        try:
+            owner, attr, original = wrapt.resolve_path(module_name, path)
+        except ImportError as exc:
+            cause = exc.__cause__ or exc
+            raise GradGuardError(f"stores target {self.target!r}: cannot import {module_name!r} ({cause})") from exc
+        except AttributeError as exc:
+            raise GradGuardError(f"stores target {self.target!r}: {exc}") from exc
+        func = getattr(original, "__func__", original)  # a staticmethod/classmethod's function
+        if not callable(func):
+            raise GradGuardError(f"stores target {self.target!r} is a {type(original).__qualname__}, not a function")
+        if _patch.is_installed(owner, attr):
+            raise GradGuardError(
+                f"stores target {self.target!r} is already patched by gradguard (an engine adapter patches it); "
+                f"cannot also guard {self.arg!r}"
+            )
+        argument = Argument(func if isinstance(owner, type) else original, self.arg, what=f"stores target {self.target!r}")
+        wrapper = _store_wrapper(f"{self.target}:{self.arg}", argument)
+        _patch.install(owner, attr, wrapper)
+        self.patched.append((owner, attr))
+        if isinstance(owner, ModuleType):
+            # names bound by `from module import func` before the scope: the same object elsewhere
+            for module in list(sys.modules.values()):
+                namespace = getattr(module, "__dict__", None)
+                if module is not owner and type(namespace) is dict and namespace.get(attr) is original:
+                    _patch.install(module, attr, wrapper)
+                    self.patched.append((module, attr))
+
+    def uninstall(self) -> None:
+        for owner, attr in reversed(self.patched):
+            _patch.uninstall(owner, attr)
+        self.patched.clear()
+
+
+def _store_wrapper(name: str, argument: Argument) -> Callable[..., Any]:
+    def guard_arg(value: Any) -> Any:
+        return value if value is None else guard_in_place(value, name)
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        args, kwargs = argument.replace(instance, args, kwargs, guard_arg)
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+# --------------------------------------------------------------------------------------------------
+# Reference counting
+# --------------------------------------------------------------------------------------------------
+
 _lock = threading.RLock()
-_counts: dict[tuple[str, ...], int] = {}
-_instrumented: set[str] = set()  # "engine:module" pairs currently patched
-_hooked: set[str] = set()  # post-import hooks registered (wrapt cannot remove them; they check _counts)
-_store_owners: dict[tuple[str, ...], tuple[Any, str]] = {}  # installed store key -> (owner, attr) patched
+_counts: dict[Hashable, int] = {}
+_active: dict[Hashable, _Install] = {}
 _scopes: contextvars.ContextVar[tuple[contextvars.Token[Mode | None], ...]] = contextvars.ContextVar(
     "gradguard_enforce_scopes", default=()
 )
+
+
+def _acquire(installs: list[_Install]) -> None:
+    """Take one reference on each install, installing on the first; all or nothing."""
+    with _lock:
+        done: list[_Install] = []
+        try:
+            for item in installs:
+                current = _active.get(item.key)
+                if current is None:
+                    item.install()  # a failed install is not counted: there is nothing to undo
+                    _active[item.key] = item
+                elif isinstance(item, _StoreInstall) and isinstance(current, _StoreInstall) and current.arg != item.arg:
+                    raise GradGuardError(
+                        f"stores target {item.target!r} is already patched by an enclosing enforce() to guard "
+                        f"{current.arg!r}; cannot also guard {item.arg!r}"
+                    )
+                _counts[item.key] = _counts.get(item.key, 0) + 1
+                done.append(item)
+        except BaseException:
+            _release(done)
+            raise
+
+
+def _release(installs: list[_Install]) -> None:
+    """Give back one reference on each install, uninstalling on the last; every one is processed
+    even when an uninstall fails (the first failure is raised afterwards)."""
+    with _lock:
+        error: BaseException | None = None
+        for item in reversed(installs):
+            _counts[item.key] -= 1
+            if _counts[item.key] == 0:
+                del _counts[item.key]
+                try:
+                    _active.pop(item.key).uninstall()
+                except BaseException as exc:  # noqa: BLE001 - re-raised once the rest is restored
+                    error = error or exc
+        if error is not None:
+            raise error
+
+
+def installed() -> dict[Hashable, int]:
+    """What is installed now, and how many scopes hold each: ``{("engine", "megatron"): 1, ("store", target): 2}``."""
+    with _lock:
+        return dict(_counts)
+
+
+# --------------------------------------------------------------------------------------------------
+# The scope
+# --------------------------------------------------------------------------------------------------
 
 
 class enforce:
     """Guard engines and stores inside a ``with`` block, or around a decorated function.
 
     ``mode``: the mode inside (``None`` keeps the enclosing one). ``engines``: ``"auto"`` (every known
-    adapter), ``"none"``, or a list of names from ``gradguard.engines.KNOWN``. ``stores``:
-    ``{"pkg.module:function": "arg_name"}`` (``function`` may be ``Class.method``) guards that argument
-    of every call; a target that cannot be resolved raises :class:`GradGuardError` on entering.
-    Re-entrant and nestable; safe to enter from several threads at once.
+    adapter), ``"none"``, or names from ``gradguard.engines.KNOWN``. ``stores``:
+    ``{"pkg.module:function": "arg_name"}`` (``function`` may be ``Class.method``, or ``obj.method`` of
+    a module-level object) guards that argument of every call, in place; a name the module's function
+    is bound to elsewhere by ``from pkg.module import function`` is patched too. A target that cannot
+    be resolved raises :class:`GradGuardError` on entering.
+
+    As a decorator it scopes the function's body: for a coroutine function while it runs, for a
+    generator (or async generator) function each time it resumes, the installs held from its start
+    to its end. Re-entrant, nestable, exception-safe; safe to enter from several threads at once.
     """
 
     def __init__(
         self,
         mode: str | None = None,
-        engines: str | Iterable[str] = "auto",
+        engines: str | Iterable[str] | None = "auto",
         stores: Mapping[str, str] | None = None,
     ) -> None:
         self.mode: Mode | None = None if mode is None else normalize_mode(mode)
-        self._keys: list[tuple[str, ...]] = [("engine", name) for name in _engine_names(engines)]
-        self._keys += [("store", target, arg) for target, arg in _store_items(stores)]
+        self._installs: list[_Install] = [_EngineInstall(_engines.load(name)) for name in _engine_names(engines)]
+        self._installs += [_StoreInstall(target, arg) for target, arg in _store_items(stores)]
 
     def __enter__(self) -> enforce:
-        _acquire(self._keys)
+        _acquire(self._installs)
         _scopes.set((*_scopes.get(), _push_enforced(self.mode)))
         return self
 
@@ -67,30 +237,110 @@ class enforce:
         scopes = _scopes.get()
         _pop_enforced(scopes[-1])
         _scopes.set(scopes[:-1])
-        _release(self._keys)
+        _release(self._installs)
 
     def __call__(self, func: Callable[..., Any]) -> Any:
-        def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
-            with self:
-                return wrapped(*args, **kwargs)
+        how = kind(func)
+        if how == "coroutine":
+
+            def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+                async def scoped() -> Any:
+                    with self:
+                        return await wrapped(*args, **kwargs)
+
+                return scoped()
+
+        elif how == "generator":
+
+            def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+                return self._generator(wrapped(*args, **kwargs))
+
+        elif how == "async generator":
+
+            def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+                return self._async_generator(wrapped(*args, **kwargs))
+
+        else:
+
+            def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+                with self:
+                    return wrapped(*args, **kwargs)
 
         return function_wrapper(func, wrapper)
 
+    def _generator(self, gen: Generator[Any, Any, Any]) -> Generator[Any, Any, Any]:
+        """``gen`` with this scope's mode around each resumption, and its installs from start to end."""
+        _acquire(self._installs)
+        try:
+            sent: Any = None
+            thrown: BaseException | None = None
+            while True:
+                token = _push_enforced(self.mode)
+                try:
+                    value = gen.throw(thrown) if thrown is not None else gen.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+                finally:
+                    _pop_enforced(token)
+                try:
+                    sent, thrown = (yield value), None
+                except GeneratorExit:
+                    token = _push_enforced(self.mode)
+                    try:
+                        gen.close()
+                    finally:
+                        _pop_enforced(token)
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - thrown into gen at its next resumption
+                    sent, thrown = None, exc
+        finally:
+            _release(self._installs)
+
+    async def _async_generator(self, agen: AsyncGenerator[Any, Any]) -> AsyncGenerator[Any, Any]:
+        """The async counterpart of :meth:`_generator`."""
+        _acquire(self._installs)
+        try:
+            sent: Any = None
+            thrown: BaseException | None = None
+            while True:
+                token = _push_enforced(self.mode)
+                try:
+                    value = await (agen.athrow(thrown) if thrown is not None else agen.asend(sent))
+                except StopAsyncIteration:
+                    return
+                finally:
+                    _pop_enforced(token)
+                try:
+                    sent, thrown = (yield value), None
+                except GeneratorExit:
+                    token = _push_enforced(self.mode)
+                    try:
+                        await agen.aclose()
+                    finally:
+                        _pop_enforced(token)
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - thrown into agen at its next resumption
+                    sent, thrown = None, exc
+        finally:
+            _release(self._installs)
+
     def __repr__(self) -> str:
-        return f"gradguard.enforce(mode={self.mode!r}, targets={[':'.join(k[1:]) for k in self._keys]})"
+        return f"gradguard.enforce(mode={self.mode!r}, installs={[item.key for item in self._installs]})"
 
 
-def _engine_names(engines: str | Iterable[str]) -> list[str]:
+def _engine_names(engines: str | Iterable[str] | None) -> list[str]:
     if engines == "auto":
         return list(_engines.KNOWN)
     if engines == "none" or engines is None:
         return []
     if isinstance(engines, str):
-        engines = [engines]
-    names = list(engines)
-    for name in names:
-        _engines.load(name)  # raises GradGuardError naming the known engines
-    return names
+        return [_engines.load(engines).name]
+    if isinstance(engines, (bytes, bytearray)) or not isinstance(engines, Iterable):
+        raise GradGuardError(
+            f"engines={engines!r} is not accepted; accepted: 'auto', 'none', or a list of names from "
+            f"{', '.join(_engines.KNOWN)}"
+        )
+    return [_engines.load(name).name for name in engines]
 
 
 def _store_items(stores: Mapping[str, str] | None) -> list[tuple[str, str]]:
@@ -110,136 +360,3 @@ def _store_items(stores: Mapping[str, str] | None) -> list[tuple[str, str]]:
             raise GradGuardError(f"stores[{target!r}] must name an argument, got {arg!r}")
         items.append((target, arg))
     return items
-
-
-# --------------------------------------------------------------------------------------------------
-# Reference-counted installation
-# --------------------------------------------------------------------------------------------------
-
-
-def _acquire(keys: list[tuple[str, ...]]) -> None:
-    """Take one reference on each key, installing on the first; all or nothing.
-
-    A key whose install fails is not counted (there is nothing to uninstall), and the references
-    already taken by this call are given back, so a failed enter leaves nothing installed.
-    """
-    with _lock:
-        done: list[tuple[str, ...]] = []
-        try:
-            for key in keys:
-                _counts[key] = _counts.get(key, 0) + 1
-                if _counts[key] == 1:
-                    try:
-                        _install(key)
-                    except BaseException:
-                        del _counts[key]
-                        raise
-                done.append(key)
-        except BaseException:
-            _release(done)
-            raise
-
-
-def _release(keys: list[tuple[str, ...]]) -> None:
-    """Give back one reference on each key, uninstalling on the last; every key is processed even
-    when an uninstall fails (the first failure is raised afterwards)."""
-    with _lock:
-        error: BaseException | None = None
-        for key in reversed(keys):
-            _counts[key] -= 1
-            if _counts[key] == 0:
-                del _counts[key]
-                try:
-                    _uninstall(key)
-                except BaseException as exc:  # noqa: BLE001 - re-raised once the rest is restored
-                    error = error or exc
-        if error is not None:
-            raise error
-
-
-def _install(key: tuple[str, ...]) -> None:
-    if key[0] == "engine":
-        adapter = _engines.load(key[1])
-        for module_name in adapter.MODULES:
-            if module_name in sys.modules:
-                _instrument(key, adapter, sys.modules[module_name])
-            if module_name not in _hooked:
-                _hooked.add(module_name)
-                wrapt.register_post_import_hook(_on_import_hook(key, adapter), module_name)
-    else:
-        owner, attr, index = _resolve_store(key[1], key[2])
-        if _patch.is_installed(owner, attr):  # install would be a silent no-op, uninstall premature
-            raise GradGuardError(
-                f"stores target {key[1]!r} is already patched by gradguard (an enclosing enforce guards "
-                f"another of its arguments, or an engine adapter patches it); cannot also guard {key[2]!r}"
-            )
-        _patch.install(owner, attr, _store_wrapper(key[1], key[2], index))
-        _store_owners[key] = (owner, attr)
-
-
-def _uninstall(key: tuple[str, ...]) -> None:
-    if key[0] == "engine":
-        adapter = _engines.load(key[1])
-        for module_name in adapter.MODULES:
-            tag = f"{key[1]}:{module_name}"
-            if tag in _instrumented:
-                _instrumented.discard(tag)
-                adapter.uninstrument(sys.modules[module_name])
-    else:
-        # Restore what was patched, not what the target resolves to now (the module may be gone
-        # from sys.modules or re-imported as a new object).
-        owner, attr = _store_owners.pop(key)
-        _patch.uninstall(owner, attr)
-
-
-def _instrument(key: tuple[str, ...], adapter: ModuleType, module: ModuleType) -> None:
-    tag = f"{key[1]}:{module.__name__}"
-    if tag not in _instrumented:
-        adapter.instrument(module)
-        _instrumented.add(tag)
-
-
-def _on_import_hook(key: tuple[str, ...], adapter: ModuleType) -> Callable[[ModuleType], None]:
-    def on_import(module: ModuleType) -> None:
-        with _lock:
-            if _counts.get(key):
-                _instrument(key, adapter, module)
-
-    return on_import
-
-
-def _resolve_store(target: str, arg: str) -> tuple[Any, str, int]:
-    module_name, _, path = target.partition(":")
-    try:
-        owner: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise GradGuardError(f"stores target {target!r}: cannot import {module_name!r} ({exc})") from exc
-    *parents, attr = path.split(".")
-    try:
-        for part in parents:
-            owner = getattr(owner, part)
-        func = getattr(owner, attr)
-    except AttributeError as exc:
-        raise GradGuardError(f"stores target {target!r}: {exc}") from exc
-    if not callable(func):
-        raise GradGuardError(f"stores target {target!r} is a {type(func).__qualname__}, not a function")
-    try:
-        index = _patch.arg_index(func, arg)
-    except (ValueError, TypeError) as exc:
-        raise GradGuardError(f"stores target {target!r}: {exc}") from exc
-    if isinstance(owner, type) and not isinstance(inspect.getattr_static(owner, attr), (staticmethod, classmethod)):
-        index -= 1  # called through an instance or the class: wrapt passes args without self
-    return owner, attr, index
-
-
-def _store_wrapper(target: str, arg: str, index: int) -> Callable[..., Any]:
-    name = f"{target}:{arg}"
-
-    def guard_arg(value: Any) -> Any:
-        return value if value is None else guard(value, name=name)
-
-    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        args, kwargs = _patch.replace_arg(args, kwargs, index, arg, guard_arg)
-        return wrapped(*args, **kwargs)
-
-    return wrapper

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "GradGuardError",
+    "GradGuardWarning",
     "GraphRetentionError",
     "GraphRetentionWarning",
     "LossContractError",
@@ -30,17 +31,28 @@ class LossContractError(GradGuardError):
     """The loss that will be back-propagated cannot produce the gradients training expects."""
 
 
-class GraphRetentionWarning(UserWarning):
+class GradGuardWarning(UserWarning):
+    """Base class of every warning gradguard emits."""
+
+
+class GraphRetentionWarning(GradGuardWarning):
     """A record that still carried an autograd graph reached a guarded store in ``warn`` mode.
 
     The record was detached before it was stored; the warning is emitted once per call site.
     """
 
 
-class LossContractWarning(UserWarning):
+class LossContractWarning(GradGuardWarning):
     """A loss contract violation where the engine itself tolerates it (see the megatron adapter)."""
 
 
-for _cls in (GradGuardError, GraphRetentionError, LossContractError, GraphRetentionWarning, LossContractWarning):
+for _cls in (
+    GradGuardError,
+    GraphRetentionError,
+    LossContractError,
+    GradGuardWarning,
+    GraphRetentionWarning,
+    LossContractWarning,
+):
     _cls.__module__ = "gradguard"  # tracebacks show the public name: gradguard.GraphRetentionError
 del _cls

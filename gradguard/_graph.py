@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._tree import _iter_tensors
+from ._tree import iter_tensors
 
 __all__ = ["pinned_bytes", "unreached_params"]
 
@@ -47,7 +47,7 @@ def pinned_bytes(obj: Any) -> int:
     their gradients (they outlive any record anyway), and tensors held
     by Python closures or ``ctx`` attributes other than ``save_for_backward``.
     """
-    roots = [t.grad_fn for _, t in _iter_tensors(obj) if t.grad_fn is not None]
+    roots = [t.grad_fn for _, t in iter_tensors(obj) if t.grad_fn is not None]
     counted: set[tuple[Any, int]] = set()
     total = 0
 

@@ -1,84 +1,115 @@
-"""The boundary itself: a value published into a store goes through the active mode here.
+"""The publish boundary: a value published into a store goes through the active mode here.
 
 Guarded stores, the ``forward_step`` decorator and the engine adapters all call :func:`publish` (one
-record) or :func:`publish_many` (a batch that is stored all or nothing).
+record) or :func:`publish_many` (a batch, stored all or nothing). Per mode:
+
+* ``off``: the value itself;
+* ``detach``: :func:`gradguard.detach_tree` of it; a record that carried a graph is counted at its
+  call site (the first frame outside gradguard and wrapt);
+* ``warn``: the same, and one :class:`GraphRetentionWarning` per call site; every record is also
+  inspected for graphs the walk could not replace (inside objects no rule can rebuild), which are
+  stored as they are and warned about once per site;
+* ``raise``: every record is inspected, and one that holds a graph anywhere is refused with
+  :class:`GraphRetentionError` before anything is counted or stored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._policy import OFF, RAISE, Mode, resolve
-from ._report import count_clean, graph_seen
-from ._tree import _detach_deep, _fast, _TooDeep, detach_counted, find_graphs
+from . import _stats
+from ._errors import GraphRetentionError, GraphRetentionWarning
+from ._graph import pinned_bytes
+from ._message import human, retention
+from ._policy import OFF, RAISE, WARN, Mode, resolve
+from ._site import caller, location, warn_at
+from ._tree import detach, find_graphs
 
-__all__ = ["publish", "publish_into", "publish_many"]
+__all__ = ["ToHost", "publish", "publish_many"]
 
-Offload = Callable[[Any], Any]
+ToHost = Callable[[Any], Any]
+logger = logging.getLogger("gradguard")
 
 
-def publish_into(
-    append: Callable[[Any], Any] | None,
-    store: str,
-    mode: Mode | None,
-    offload: Offload | None,
-    value: Any,
-    skip: int = 0,
-) -> Any:
-    """Publish ``value`` into ``store`` under ``mode`` (``None``: the context's), then ``append`` it.
+def publish(value: Any, store: str, mode: Mode | None = None, to_host: ToHost | None = None) -> Any:
+    """What ``store`` should hold for ``value`` under ``mode`` (``None``: the context's mode).
 
-    Returns what was (or, without ``append``, what should be) stored. ``off`` stores ``value`` itself.
-    Otherwise the value is detached lazily; a value that carried a graph is accounted to its call site
-    and warned about (``warn``) or refused with :class:`GraphRetentionError` (``raise``, before anything
-    is counted or stored). ``offload`` then moves what is stored (``offload="cpu"``).
-
-    The call site: with ``append``, whoever called this function (a store's ``append``); else the
-    first frame outside gradguard and wrapt, the search starting ``skip`` frames above the caller
-    (frames the caller knows to be gradguard's own).
-
-    This is the hot path of every guarded append: stores bind the first four arguments with
-    ``functools.partial``, so no Python frame sits between the appending code and this one.
+    ``to_host``, when given, then moves what is stored off the accelerator (``offload="cpu"``).
     """
-    if mode is None:
-        mode = resolve(None)
-    if mode == OFF:
-        new = value
-    else:
-        count = [0]
-        try:  # detach_counted, inlined
-            new = _fast(value, 0, count)
-        except (_TooDeep, RecursionError):
-            new = _detach_deep(value, count)
-        if new is value:
-            count_clean(store)
-        else:
-            graph_seen(store, mode, value, count[0], None if append is not None else skip)
-        if offload is not None:
-            new = offload(new)
-    if append is not None:
-        append(new)
-    return new
+    return publish_many((value,), store, mode, to_host)[0]
 
 
-def publish(store: str, mode: Mode, value: Any, offload: Offload | None = None) -> Any:
-    """What ``store`` should hold for ``value`` under ``mode``: :func:`publish_into` without appending."""
-    return publish_into(None, store, mode, offload, value)
-
-
-def publish_many(store: str, mode: Mode, values: list[Any], offload: Offload | None = None) -> list[Any]:
-    """:func:`publish` for a batch: in ``raise`` mode one offending value refuses the whole batch."""
+def publish_many(
+    values: Iterable[Any], store: str, mode: Mode | None = None, to_host: ToHost | None = None
+) -> list[Any]:
+    """:func:`publish` for a batch, all or nothing: one refused value (``raise``, or a warning turned
+    into an error) refuses the whole batch before any of it is counted."""
+    values = list(values)
+    mode = resolve(mode)
     if mode == OFF:
         return values
-    counts = [[0] for _ in values]
-    news = [detach_counted(v, c) for v, c in zip(values, counts)]
-    changed = [(v, c[0]) for v, n, c in zip(values, news, counts) if n is not v]
-    if mode == RAISE:  # refuse the whole batch before counting any of it
-        for original, _ in changed:
-            if find_graphs(original):
-                graph_seen(store, mode, original, 0)
-    for original, n in changed:
-        graph_seen(store, mode, original, n)
-    if len(changed) < len(values):
-        count_clean(store, len(values) - len(changed))
-    return news if offload is None else [offload(n) for n in news]
+    if mode == RAISE:
+        _refuse_graphs(store, values)
+    walks = [detach(value) for value in values]
+    counts: list[tuple[_stats.Count, int]] = []
+    for value, (new, tensors) in zip(values, walks):
+        if mode == WARN:
+            _warn_kept(store, new)
+        if new is not value:
+            counts.append((_site(store, mode, value), tensors))
+    for count, tensors in counts:
+        count.add(tensors)
+    if len(counts) < len(values):
+        _stats.count_clean(store, len(values) - len(counts))
+    news = [new for new, _ in walks]
+    return news if to_host is None else [to_host(new) for new in news]
+
+
+def _refuse_graphs(store: str, values: list[Any]) -> None:
+    for value in values:
+        graphs = find_graphs(value)
+        if graphs:
+            frame = caller()
+            site = location(frame)
+            estimate = _stats.estimate_of(store, site)
+            message = retention(store, site, graphs, pinned_bytes(value) if estimate is None else estimate, "refused")
+            raise GraphRetentionError(message)
+
+
+def _site(store: str, mode: Mode, record: Any) -> _stats.Count:
+    """The counters of ``record``'s call site, a record that carried a graph; a site's first record
+    makes its estimate and, in ``warn`` mode, warns."""
+    frame = caller()
+    count = _stats.known_site(store, mode, frame)
+    if count is None:
+        site = location(frame)
+        estimate = _stats.estimate_of(store, site)
+        if estimate is None:
+            estimate = pinned_bytes(record)
+        if mode == WARN:
+            _warn_once(store, site, "detached", find_graphs(record), estimate, frame)
+        count, first = _stats.new_site(store, mode, frame, site, estimate)
+        if first:
+            logger.debug("gradguard: first graph-carrying record at %s into %s (~%s pinned)", site, store, human(estimate))
+    return count
+
+
+def _warn_kept(store: str, stored: Any) -> None:
+    """``warn``: graphs left in what is stored (where the walk cannot rebuild) are warned about, once per site."""
+    graphs = find_graphs(stored)
+    if graphs:
+        frame = caller()
+        _warn_once(store, location(frame), "kept", graphs, pinned_bytes(stored), frame)
+
+
+def _warn_once(store: str, site: str, kind: str, graphs: Any, estimate: int, frame: Any) -> None:
+    if not _stats.claim_warning(store, site, kind):
+        return
+    try:
+        warn_at(retention(store, site, graphs, estimate, kind), GraphRetentionWarning, frame)
+    except BaseException:
+        # a filter turned the warning into an error: nothing was stored, and the site may warn again
+        _stats.release_warning(store, site, kind)
+        raise

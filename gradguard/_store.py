@@ -1,192 +1,485 @@
-"""Guarded stores: ``wrapt.ObjectProxy`` wrappers whose every way in goes through ``publish_into``.
+"""Guarded stores: every way into them goes through the publish boundary.
 
-The proxy is the container as far as readers can tell (``isinstance``, indexing, iteration, ``len``,
-equality); copying or pickling it yields a copy of the plain container, without the guard.
+Two kinds, for two needs:
+
+* :func:`guard` of a ``list``, ``dict``, ``OrderedDict``, ``defaultdict`` or ``deque`` makes a *new*
+  store, a real subclass of that type holding the given items: every consumer of the type accepts it
+  (``torch.stack``, ``torch.tensor``, ``json``, pytree, ``torch.compile``, ``type(store)(iterable)``).
+  A ``defaultdict``'s missing container values become guarded stores too.
+* Any other object with ``append`` (``UserList``, a list or dict subclass, a custom store) is guarded
+  *in place*: a ``wrapt.ObjectProxy`` whose every mutating method publishes, the object itself
+  receiving what is stored. Engine adapters guard their engines' own lists this way, for the
+  duration of a call.
+
+Copying or pickling a store yields the plain container, without the guard.
 """
 
 from __future__ import annotations
 
 import collections
-import functools
-import logging
-from collections.abc import Iterable, MutableMapping
+import copy
+from collections.abc import Callable, Iterable, MutableMapping, MutableSequence
 from typing import Any, SupportsIndex, TypeVar
 
+import torch
 import wrapt
 
+from ._containers import Spec, register_internal, safe_repr
+from ._errors import GradGuardError
 from ._offload import check_offload, to_host
-from ._policy import Mode, normalize_mode, resolve
-from ._publish import publish_into, publish_many
-from ._tree import _register_internal
+from ._policy import Mode, normalize_mode
+from ._publish import ToHost, publish, publish_many
 
-__all__ = ["guard", "unwrap"]
+__all__ = ["guard", "guard_in_place", "unwrap"]
 
 S = TypeVar("S")
-logger = logging.getLogger("gradguard")
 
 
-class _Sink:
-    """How a guarded store publishes: its label and options. Immutable, so proxies can share one.
+class _Publisher:
+    """How a store publishes: its label, its own mode (``None``: the context's) and its host copy."""
 
-    One object behind one proxy attribute (``_self_sink``): each attribute fetch on a wrapt proxy
-    costs about 0.1 us, and engine adapters create a proxy per call.
-    """
+    __slots__ = ("label", "mode", "offload", "to_host")
 
-    __slots__ = ("label", "mode", "offload", "options")
-
-    def __init__(self, label: str, mode: Mode | None, offload: str | None) -> None:
-        self.label, self.mode, self.options = label, mode, (mode, offload)
-        self.offload = to_host if offload == "cpu" else None
+    def __init__(self, label: str, mode: Mode | None = None, offload: str | None = None) -> None:
+        self.label, self.mode, self.offload = label, mode, offload
+        self.to_host: ToHost | None = to_host if offload == "cpu" else None
 
     def one(self, value: Any) -> Any:
-        return publish_into(None, self.label, self.mode, self.offload, value)
+        return publish(value, self.label, self.mode, self.to_host)
 
     def many(self, values: Iterable[Any]) -> list[Any]:
-        return publish_many(self.label, resolve(self.mode), list(values), self.offload)
+        return publish_many(values, self.label, self.mode, self.to_host)
+
+    def options(self) -> tuple[Mode | None, str | None]:
+        return self.mode, self.offload
 
 
-class _Guarded(wrapt.ObjectProxy):  # type: ignore[misc]
-    """The proxy: the container itself to readers, every way in routed through its ``_Sink``."""
-
-    def __init__(self, wrapped: Any, sink: _Sink) -> None:
-        super().__init__(wrapped)
-        self._self_sink = sink
-
-    def __repr__(self) -> str:
-        return f"gradguard.guard({self.__wrapped__!r}, name={self._self_sink.label!r})"
-
-    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
-        return self.__wrapped__.__reduce_ex__(protocol)
-
-    def __copy__(self) -> Any:
-        import copy
-
-        return copy.copy(self.__wrapped__)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
-        import copy
-
-        return copy.deepcopy(self.__wrapped__, memo)
+def _default(cls: type) -> _Publisher:
+    return _Publisher(f"<{cls.__mro__[-2].__name__} store>")
 
 
-class _GuardedAppend(_Guarded):
-    """Any object with ``append``: only ``append`` is intercepted."""
-
-    # The hot path of every engine adapter. ``append`` is a slot holding a partial of publish_into,
-    # so ``proxy.append(x)`` costs one attribute fetch on the proxy and one Python frame.
-    __slots__ = ("append",)
-
-    def __init__(self, wrapped: Any, sink: _Sink) -> None:
-        super().__init__(wrapped, sink)
-        # Set through the slot's descriptor: wrapt forwards ``self.append = ...`` to the wrapped object.
-        _APPEND.__set__(self, functools.partial(publish_into, wrapped.append, sink.label, sink.mode, sink.offload))
+# --------------------------------------------------------------------------------------------------
+# Ways in, written once for the real stores and the in-place proxies
+# --------------------------------------------------------------------------------------------------
 
 
-_APPEND = _GuardedAppend.__dict__["append"]
+class _SequenceWays:
+    """``append``, ``extend``, ``insert``, item and slice assignment, ``+=``: each publishes first."""
 
+    __slots__ = ()
+    _publisher: _Publisher
+    _raw: Callable[[], Any]  # the unguarded container methods: super() for real stores, the object in place
 
-class _GuardedList(_GuardedAppend):
+    def append(self, value: Any) -> None:
+        self._raw().append(self._publisher.one(value))
+
     def extend(self, values: Iterable[Any]) -> None:
-        self.__wrapped__.extend(self._self_sink.many(values))
+        self._raw().extend(self._publisher.many(values))
 
-    def insert(self, index: Any, value: Any) -> None:
-        self.__wrapped__.insert(index, self._self_sink.one(value))
+    def insert(self, index: SupportsIndex, value: Any) -> None:
+        self._raw().insert(index, self._publisher.one(value))
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self.__wrapped__[key] = self._self_sink.many(value) if isinstance(key, slice) else self._self_sink.one(value)
+        stored = self._publisher.many(value) if isinstance(key, slice) else self._publisher.one(value)
+        self._raw().__setitem__(key, stored)
 
-    def __iadd__(self, values: Iterable[Any]) -> Any:  # type: ignore[misc]
+    def __iadd__(self, values: Iterable[Any]) -> Any:
         self.extend(values)
         return self
 
 
-class _GuardedDeque(_GuardedList):
+class _DequeWays(_SequenceWays):
+    __slots__ = ()
+
     def appendleft(self, value: Any) -> None:
-        self.__wrapped__.appendleft(self._self_sink.one(value))
+        self._raw().appendleft(self._publisher.one(value))
 
     def extendleft(self, values: Iterable[Any]) -> None:
-        self.__wrapped__.extendleft(self._self_sink.many(values))
+        self._raw().extendleft(self._publisher.many(values))
 
 
-class _GuardedDict(_Guarded):
+class _MappingWays:
+    """Item assignment, ``update``, ``setdefault``, ``|=``: each publishes first."""
+
+    __slots__ = ()
+    _publisher: _Publisher
+    _raw: Callable[[], Any]
+
     def __setitem__(self, key: Any, value: Any) -> None:
-        self.__wrapped__[key] = self._self_sink.one(value)
+        self._raw().__setitem__(key, self._publisher.one(value))
 
     def update(self, *args: Any, **kwargs: Any) -> None:
         items = dict(*args, **kwargs)  # update's own argument rules; later keys win
-        self.__wrapped__.update(zip(items.keys(), self._self_sink.many(items.values())))
+        self._raw().update(zip(items.keys(), self._publisher.many(items.values())))
 
     def setdefault(self, key: Any, default: Any = None) -> Any:
-        if key in self.__wrapped__:
-            return self.__wrapped__[key]
-        return self.__wrapped__.setdefault(key, self._self_sink.one(default))
+        raw = self._raw()
+        if key in self:  # type: ignore[operator]
+            return self[key]  # type: ignore[index]
+        return raw.setdefault(key, self._publisher.one(default))
 
     def __ior__(self, other: Any) -> Any:
         self.update(other)
         return self
 
 
-def _rewrap(children: list[Any], proxy: _Guarded) -> Any:
-    return type(proxy)(children[0], proxy._self_sink)
+# --------------------------------------------------------------------------------------------------
+# Real stores: subclasses of the builtin containers
+# --------------------------------------------------------------------------------------------------
 
 
-# detach_tree, find_graphs and pinned_bytes look through a guarded store to its contents; a changed
-# store comes back as a new guarded store around the rebuilt container.
-_register_internal(_Guarded, lambda proxy: ([proxy.__wrapped__], proxy), _rewrap)
+def _unguarded(plain: Any) -> Any:
+    """The load side of a pickled store: the plain container (allow-listed for ``torch.load``)."""
+    return plain
+
+
+class _Store:
+    """What every real store shares: its publisher, ``repr``, and copies and pickles as plain containers."""
+
+    __slots__ = ()
+    _publisher: _Publisher
+    _base: type
+
+    def _plain(self) -> Any:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"gradguard.guard({self._plain()!r}, name={self._publisher.label!r})"
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
+        return (_unguarded, (self._plain(),))
+
+    def __copy__(self) -> Any:
+        return self._plain()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return copy.deepcopy(self._plain(), memo)
+
+    def copy(self) -> Any:
+        return self._plain()
+
+
+class _GuardedList(_Store, _SequenceWays, list):  # type: ignore[misc]
+    __slots__ = ("_publisher",)
+
+    def __init__(self, iterable: Iterable[Any] = (), /) -> None:
+        self._publisher = _default(list)
+        list.__init__(self, self._publisher.many(iterable))
+
+    def _raw(self) -> Any:
+        return super(_SequenceWays, self)
+
+    def _plain(self) -> list[Any]:
+        return list.copy(self)
+
+
+class _GuardedDeque(_Store, _DequeWays, collections.deque):  # type: ignore[misc]
+    __slots__ = ("_publisher",)
+
+    def __init__(self, iterable: Iterable[Any] = (), maxlen: int | None = None) -> None:
+        self._publisher = _default(collections.deque)
+        collections.deque.__init__(self, self._publisher.many(iterable), maxlen)
+
+    def _raw(self) -> Any:
+        return super(_SequenceWays, self)
+
+    def _plain(self) -> collections.deque[Any]:
+        return collections.deque(collections.deque.__iter__(self), self.maxlen)
+
+
+class _GuardedDict(_Store, _MappingWays, dict):  # type: ignore[misc]
+    __slots__ = ("_publisher",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._publisher = _default(dict)
+        dict.__init__(self)
+        self.update(*args, **kwargs)
+
+    def _raw(self) -> Any:
+        return super(_MappingWays, self)
+
+    def _plain(self) -> dict[Any, Any]:
+        return dict(dict.items(self))
+
+
+class _GuardedOrderedDict(_Store, _MappingWays, collections.OrderedDict):  # type: ignore[misc]
+    __slots__ = ("_publisher",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._publisher = _default(collections.OrderedDict)
+        collections.OrderedDict.__init__(self)
+        self.update(*args, **kwargs)
+
+    def _raw(self) -> Any:
+        return super(_MappingWays, self)
+
+    def _plain(self) -> collections.OrderedDict[Any, Any]:
+        return collections.OrderedDict(collections.OrderedDict.items(self))
+
+
+class _GuardedDefaultDict(_Store, _MappingWays, collections.defaultdict):  # type: ignore[misc]
+    """A ``defaultdict`` store: a missing key's default is published too, and a default that is a
+    list, dict or deque becomes a guarded store itself (``store["loss"].append(x)`` is guarded)."""
+
+    __slots__ = ("_publisher",)
+
+    def __init__(self, default_factory: Any = None, *args: Any, **kwargs: Any) -> None:
+        self._publisher = _default(collections.defaultdict)
+        collections.defaultdict.__init__(self, default_factory)
+        self.update(*args, **kwargs)
+
+    def _raw(self) -> Any:
+        return super(_MappingWays, self)
+
+    def __missing__(self, key: Any) -> Any:
+        if self.default_factory is None:
+            raise KeyError(key)
+        value = _missing_value(self._publisher, key, self.default_factory)
+        dict.__setitem__(self, key, value)
+        return value
+
+    def _plain(self) -> collections.defaultdict[Any, Any]:
+        return collections.defaultdict(self.default_factory, dict.items(self))
+
+
+_REAL: dict[type, type] = {
+    list: _GuardedList,
+    dict: _GuardedDict,
+    collections.OrderedDict: _GuardedOrderedDict,
+    collections.defaultdict: _GuardedDefaultDict,
+    collections.deque: _GuardedDeque,
+}
+
+
+def _new_store(items: Any, publisher: _Publisher) -> Any:
+    """A real store of ``type(items)`` holding ``items`` published through ``publisher`` (all or nothing)."""
+    base = type(items)
+    cls = _REAL[base]
+    store = cls.__new__(cls)
+    store._publisher = publisher
+    if not items and base is not collections.defaultdict:
+        base.__init__(store, *(() if base is not collections.deque else ((), items.maxlen)))
+        return store  # nothing to publish: the mode is not even resolved
+    if base is list:
+        list.__init__(store, publisher.many(items))
+    elif base is collections.deque:
+        collections.deque.__init__(store, publisher.many(items), items.maxlen)
+    else:
+        if base is collections.defaultdict:
+            collections.defaultdict.__init__(store, items.default_factory)
+        else:
+            base.__init__(store)
+        keys = list(base.keys(items))
+        for key, value in zip(keys, publisher.many([dict.__getitem__(items, k) for k in keys])):
+            base.__setitem__(store, key, value)
+    return store
+
+
+def _missing_value(publisher: _Publisher, key: Any, factory: Any) -> Any:
+    """A ``defaultdict`` store's default for ``key``: a guarded store when it is a container, else published."""
+    value = factory()
+    if type(value) in _REAL:
+        return _new_store(value, _Publisher(f"{publisher.label}[{safe_repr(key)}]", *publisher.options()))
+    return publisher.one(value)
+
+
+# --------------------------------------------------------------------------------------------------
+# In-place stores: a proxy of an object someone else holds
+# --------------------------------------------------------------------------------------------------
+
+
+class _InPlace(wrapt.ObjectProxy):  # type: ignore[misc]
+    """The object itself to readers; every way in routed through its publisher."""
+
+    def __init__(self, wrapped: Any, publisher: _Publisher) -> None:
+        super().__init__(wrapped)
+        self._self_publisher = publisher
+
+    @property
+    def _publisher(self) -> _Publisher:
+        return self._self_publisher  # type: ignore[no-any-return]
+
+    def _raw(self) -> Any:
+        return self.__wrapped__
+
+    def __repr__(self) -> str:
+        return f"gradguard.guard({self.__wrapped__!r}, name={self._self_publisher.label!r})"
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
+        return self.__wrapped__.__reduce_ex__(protocol)
+
+    def __copy__(self) -> Any:
+        return copy.copy(self.__wrapped__)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return copy.deepcopy(self.__wrapped__, memo)
+
+
+class _InPlaceAppend(_InPlace):
+    """Any object with ``append``: only ``append`` is intercepted."""
+
+    def append(self, value: Any) -> Any:
+        return self.__wrapped__.append(self._self_publisher.one(value))
+
+
+class _InPlaceSequence(_SequenceWays, _InPlace):  # type: ignore[misc]
+    pass
+
+
+class _InPlaceDeque(_DequeWays, _InPlace):  # type: ignore[misc]
+    pass
+
+
+class _InPlaceMapping(_MappingWays, _InPlace):  # type: ignore[misc]
+    def __getitem__(self, key: Any) -> Any:
+        wrapped = self.__wrapped__
+        if isinstance(wrapped, collections.defaultdict) and wrapped.default_factory is not None and key not in wrapped:
+            dict.__setitem__(wrapped, key, _missing_value(self._self_publisher, key, wrapped.default_factory))
+        return wrapped[key]
+
+
+def _is_guarded(store: Any) -> bool:
+    return isinstance(store, (_Store, _InPlace))
+
+
+def _in_place_class(store: Any) -> type[_InPlace] | None:
+    if isinstance(store, collections.deque):
+        return _InPlaceDeque
+    if isinstance(store, (list, MutableSequence)):
+        return _InPlaceSequence
+    if isinstance(store, MutableMapping):
+        return _InPlaceMapping
+    if callable(getattr(store, "append", None)):
+        return _InPlaceAppend
+    return None
+
+
+def guard_in_place(store: Any, label: str, mode: Mode | None = None, offload: str | None = None) -> Any:
+    """A proxy of ``store`` publishing everything put into it, the object itself keeping what is stored.
+
+    For adapters that guard an engine's own list for the duration of a call. A store already guarded
+    is returned as it is.
+    """
+    if _is_guarded(store):
+        return store
+    cls = _in_place_class(store)
+    if cls is None:
+        raise TypeError(f"a {type(store).__qualname__} cannot be guarded in place: it has no append()")
+    return cls(store, _Publisher(label, mode, offload))
 
 
 def guard(store: S, *, mode: str | None = None, name: str | None = None, offload: str | None = None) -> S:
-    """Return a proxy of ``store`` that detaches (per ``mode``) everything put into it.
+    """A store that detaches (per ``mode``) everything put into it.
 
-    ``store`` may be a ``list``, a ``dict`` or other mutable mapping, a ``collections.deque``, or any
-    object with an ``append`` method (only ``append`` is intercepted there). ``mode`` overrides the
-    context's mode for this store (see :func:`gradguard.get_mode`); ``name`` labels the store in
-    messages and stats; ``offload="cpu"`` also moves published tensors to the CPU.
+    * A ``list``, ``dict``, ``collections.OrderedDict``, ``collections.defaultdict`` or
+      ``collections.deque`` gives a *new* store of that type (a real subclass), holding ``store``'s
+      items published as if appended; ``store`` itself is left as it is. Keep using the returned
+      object: ``output_lst = gradguard.guard([], name="output_lst")``.
+    * Any other mutable sequence or mapping (``UserList``, a subclass of ``list``/``dict``), or any
+      object with an ``append`` method, is guarded *in place*: the returned proxy passes
+      ``isinstance`` as that object, and what is stored lands in the object itself.
 
-    Guarding a guarded store returns it unchanged, with its first options.
+    ``mode`` overrides the context's mode for this store (see :func:`gradguard.get_mode`); ``name``
+    labels it in messages and stats; ``offload="cpu"`` also moves published tensors to the CPU.
+    Guarding a guarded store returns it unchanged; asking for other options than its own is an error.
     """
-    if isinstance(store, _Guarded):
-        if (mode, offload) != (None, None) and store._self_sink.options != (mode, offload):
-            logger.debug("gradguard: %r is already guarded; keeping its first options", store)
-        return store
+    if isinstance(store, type):
+        raise TypeError(
+            f"guard() takes a store object, not the class {store.__qualname__}: guard({store.__qualname__}()) "
+            f"makes a new guarded {store.__qualname__}"
+        )
     checked_mode = None if mode is None else normalize_mode(mode)
     checked_offload = check_offload(offload)
     if name is not None and not isinstance(name, str):
         raise TypeError(f"guard: name must be a str, got {type(name).__qualname__}")
+    if _is_guarded(store):
+        publisher = store._publisher  # type: ignore[attr-defined]
+        asked = (checked_mode, checked_offload)
+        if asked != (None, None) and asked != publisher.options():
+            raise GradGuardError(
+                f"{publisher.label} is already guarded with mode={publisher.mode!r}, offload={publisher.offload!r}; "
+                f"cannot also guard it with mode={checked_mode!r}, offload={checked_offload!r}. Guard "
+                "gradguard.unwrap(store) instead"
+            )
+        return store
     label = name if name is not None else f"<{type(store).__name__} at 0x{id(store):x}>"
-    if isinstance(store, collections.deque):
-        cls: type[_Guarded] = _GuardedDeque
-    elif isinstance(store, list):
-        cls = _GuardedList
-    elif isinstance(store, MutableMapping):
-        cls = _GuardedDict
-    elif callable(getattr(store, "append", None)):
-        cls = _GuardedAppend
-    else:
+    publisher = _Publisher(label, checked_mode, checked_offload)
+    if type(store) in _REAL:
+        return _new_store(store, publisher)  # type: ignore[no-any-return]
+    cls = _in_place_class(store)
+    if cls is None:
         raise TypeError(
-            f"guard: a {type(store).__qualname__} cannot be a store; accepted: a list, a dict or "
-            "other mutable mapping, a collections.deque, or any object with an append() method"
+            f"guard: a {type(store).__qualname__} cannot be a store; accepted: a list, dict, OrderedDict, "
+            "defaultdict or deque (a new store), or any other mutable sequence or mapping, or object with an "
+            "append() method (guarded in place)"
         )
-    return cls(store, _Sink(label, checked_mode, checked_offload))  # type: ignore[return-value]
-
-
-def guarded(store: Any, label: str) -> Any:
-    """:func:`guard` with the context's mode and no offload, for adapters that guard a store per call.
-
-    A plain ``list`` skips ``guard``'s option checks and shares one sink per label (the common case:
-    Megatron's ``forward_data_store``); anything else goes through :func:`guard`.
-    """
-    if type(store) is list:
-        sink = _shared_sinks.get(label)
-        if sink is None:
-            sink = _shared_sinks.setdefault(label, _Sink(label, None, None))
-        return _GuardedList(store, sink)
-    return guard(store, name=label)
-
-
-_shared_sinks: dict[str, _Sink] = {}
+    return cls(store, publisher)  # type: ignore[return-value]
 
 
 def unwrap(store: S) -> S:
-    """The object a guarded store wraps; any other object is returned as it is."""
-    return store.__wrapped__ if isinstance(store, _Guarded) else store
+    """The plain container behind a guarded store.
+
+    An in-place store gives the object it wraps; a store made by :func:`guard` gives a new plain
+    container of its type with the same items. Any other object is returned as it is.
+    """
+    if isinstance(store, _InPlace):
+        return store.__wrapped__  # type: ignore[no-any-return]
+    if isinstance(store, _Store):
+        return store._plain()  # type: ignore[no-any-return]
+    return store
+
+
+# --------------------------------------------------------------------------------------------------
+# The walk, pytree and torch.load see through stores
+# --------------------------------------------------------------------------------------------------
+
+
+def _store_flatten(store: Any) -> tuple[list[Any], Any]:
+    plain = unwrap(store)
+    return [plain], store
+
+
+def _store_unflatten(children: list[Any], store: Any) -> Any:
+    publisher = store._publisher
+    if isinstance(store, _InPlace):
+        return type(store)(children[0], publisher)
+    return _new_store(children[0], publisher)
+
+
+register_internal(_Store, Spec("guarded store", _store_flatten, _store_unflatten, lambda o, c: [""]))
+register_internal(_InPlace, Spec("guarded store", _store_flatten, _store_unflatten, lambda o, c: [""]))
+
+def _pytree_flatten(store: Any) -> tuple[list[Any], Any]:
+    """Children: the items; context: the options and the shape of the plain container (keys, factory, maxlen)."""
+    base = type(store).__mro__[-2] if not isinstance(store, dict) else _dict_base_of(store)
+    if isinstance(store, dict):
+        keys = list(dict.keys(store))
+        extra = store.default_factory if isinstance(store, collections.defaultdict) else None
+        return [dict.__getitem__(store, k) for k in keys], (store._publisher, base, keys, extra)
+    return list(store), (store._publisher, base, None, getattr(store, "maxlen", None))
+
+
+def _pytree_unflatten(children: list[Any], context: Any) -> Any:
+    """A new store of the same kind and options, the children published into it."""
+    publisher, base, keys, extra = context
+    if base is collections.defaultdict:
+        plain: Any = collections.defaultdict(extra, zip(keys, children))
+    elif keys is not None:
+        plain = base(zip(keys, children))
+    elif base is collections.deque:
+        plain = collections.deque(children, extra)
+    else:
+        plain = list(children)
+    return _new_store(plain, publisher)
+
+
+def _dict_base_of(store: Any) -> type:
+    for base in (collections.defaultdict, collections.OrderedDict):
+        if isinstance(store, base):
+            return base
+    return dict
+
+
+for _cls in _REAL.values():
+    torch.utils._pytree.register_pytree_node(_cls, _pytree_flatten, _pytree_unflatten)
+torch.serialization.add_safe_globals([_unguarded])

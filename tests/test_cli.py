@@ -89,7 +89,9 @@ def _check_doctor_report(out: str) -> None:
     assert [line.split(":")[0] for line in engine_lines] == [f"engine {name}" for name in engines.KNOWN]
     for line in engine_lines:
         assert re.fullmatch(
-            r"engine \w+: (would install on import of .+ \(found .+\)|not installed; the adapter waits for .+)", line
+            r"engine \w+: (\S+ \S+ found, (supported|OUTSIDE the supported range|version not readable) \(.+\); "
+            r"the adapter installs on import of .+|not installed; the adapter waits for .+ \(supports .+\))",
+            line,
         ), line
 
 
@@ -349,3 +351,47 @@ def test_bench_help_through_the_module() -> None:
     for option in ("--device", "--scenario", "--micro-batches", "--preset", "--json", "--plot", "--te", "--no-progress"):
         assert option in proc.stdout
     assert proc.stdout.startswith("usage: gradguard bench")
+
+
+# --------------------------------------------------------------------------- bad input, refused before the run (d16)
+
+SMALL = ["bench", "--scenario", "lora-checkpoint", "--micro-batches", "3", "--no-progress"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--threads", "-3"], "argument --threads: -3 is negative; accepted: 0 (torch's default) or a positive count"),
+        (["--threads", "two"], "argument --threads: 'two' is not a whole number"),
+        (["--json", "/nonexistent/dir/out.json"], "argument --json: '/nonexistent/dir/out.json': the folder"),
+        (["--plot", "/nonexistent/dir/out.png"], "argument --plot: '/nonexistent/dir/out.png': the folder"),
+    ],
+    ids=["negative-threads", "word-threads", "json-folder", "plot-folder"],
+)
+def test_bad_bench_options_are_refused_before_running(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([*SMALL, *extra])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_a_bad_gradguard_variable_is_a_one_line_refusal_of_bench() -> None:
+    proc = _run(sys.executable, "-m", "gradguard", *SMALL, GRADGUARD="bogus")
+    assert proc.returncode == 2
+    line = _one_line_refusal(proc.stderr)
+    assert "GRADGUARD='bogus' is not a gradguard mode; accepted:" in line
+    assert proc.stdout == ""  # nothing ran
+
+
+def test_gradguard_off_does_not_fail_the_guarded_run(tmp_path: Any) -> None:
+    """d06: the guarded run pins its mode; GRADGUARD=off used to turn it off and report FAIL."""
+    out = tmp_path / "r.json"
+    proc = _run(sys.executable, "-m", "gradguard", *SMALL, "--json", str(out), GRADGUARD="off")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "FAIL" not in proc.stdout
+    report = json.loads(out.read_text())
+    result = report["scenarios"]["lora-checkpoint"]
+    assert abs(result["guarded"]["growth_bytes_per_microbatch"] - result["record_bytes_per_microbatch"]) < 1

@@ -50,8 +50,7 @@ def train_mini_batch(guarded: bool) -> Run:
     torch.manual_seed(0)
     model = Model()
     data = torch.Generator().manual_seed(1)
-    output_lst: list[Any] = []
-    store = gradguard.guard(output_lst, name="output_lst") if guarded else output_lst
+    output_lst: list[Any] = gradguard.guard([], name="output_lst") if guarded else []
     leaves = []
     for _ in range(MICRO_BATCHES):
         ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=data)
@@ -65,11 +64,11 @@ def train_mini_batch(guarded: bool) -> Run:
         entropy = -(log_probs_all.exp() * log_probs_all).sum(-1)
         loss = -log_probs.mean() - 0.01 * entropy.mean()
         loss.backward()  # the loss is computed and used first; only then is the record published
-        store.append({"loss": loss.item(), "model_output": {"log_probs": log_probs, "entropy": entropy}})
+        output_lst.append({"loss": loss.item(), "model_output": {"log_probs": log_probs, "entropy": entropy}})
         del hidden, out, log_probs_all, log_probs, entropy, loss
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
     losses = [r["loss"] for r in output_lst]
-    del model, store
+    del model
     gc.collect()
     return Run(output_lst, leaves, grads, losses)
 

@@ -51,18 +51,17 @@ def graph(value: float = 1.0) -> torch.Tensor:
 
 def test_every_published_tensor_is_moved_and_detached(fake_device: Any) -> None:
     spy = fake_device()
-    original: list[Any] = []
-    store = gradguard.guard(original, name="off", offload="cpu")
+    store = gradguard.guard([], name="off", offload="cpu")
     rec = {"loss": 1.0, "model_output": {"log_probs": graph(1.0), "entropy": graph(2.0)}, "ids": torch.arange(4)}
     store.append(rec)
 
-    stored = original[0]
+    stored = store[0]
     assert len(spy.seen) == 3  # each tensor of the record, the clean one too
     by_id = {id(c) for c in spy.copies}
     assert {id(stored["model_output"]["log_probs"]), id(stored["model_output"]["entropy"]), id(stored["ids"])} == by_id
     # the move sees tensors already detached: nothing stored carries a graph
     assert all(t.grad_fn is None and not t.requires_grad for t in spy.seen)
-    assert gradguard.find_graphs(original) == []
+    assert gradguard.find_graphs(store) == []
     assert torch.equal(stored["model_output"]["entropy"], torch.full((3,), 4.0))
     assert stored["loss"] == 1.0
     # the caller's record is untouched
@@ -98,15 +97,14 @@ def test_every_entry_point_offloads(fake_device: Any) -> None:
 def test_containers_are_rebuilt_lazily(fake_device: Any) -> None:
     on_device: set[int] = set()
     spy = fake_device(lambda t: id(t) in on_device)
-    original: list[Any] = []
-    store = gradguard.guard(original, offload="cpu")
+    store = gradguard.guard([], offload="cpu")
 
     host_branch = {"a": torch.zeros(2), "b": [torch.ones(2)]}
     device_tensor = torch.ones(2)
     on_device.add(id(device_tensor))
     rec = {"host": host_branch, "dev": {"x": device_tensor, "y": 3}}
     store.append(rec)
-    stored = original[0]
+    stored = store[0]
     assert spy.seen == [device_tensor]
     assert stored is not rec and stored["dev"] is not rec["dev"]  # changed path rebuilt
     assert stored["dev"]["x"] is spy.copies[0] and stored["dev"]["y"] == 3
@@ -114,7 +112,7 @@ def test_containers_are_rebuilt_lazily(fake_device: Any) -> None:
 
     nothing_to_move = {"host": host_branch}
     store.append(nothing_to_move)
-    assert original[1] is nothing_to_move  # nothing on the device and nothing to detach: same object
+    assert store[1] is nothing_to_move  # nothing on the device and nothing to detach: same object
     assert len(spy.seen) == 1
 
 
@@ -122,44 +120,41 @@ def test_detach_and_move_compose(fake_device: Any) -> None:
     leaf = torch.ones(3, requires_grad=True)
     y = leaf * 3
     spy = fake_device(lambda t: t.data_ptr() == y.data_ptr())  # only y's storage is "on the device"
-    original: list[Any] = []
-    gradguard.guard(original, offload="cpu").append({"y": y, "z": torch.zeros(1)})
+    store = gradguard.guard([], offload="cpu")
+    store.append({"y": y, "z": torch.zeros(1)})
     assert len(spy.seen) == 1 and spy.seen[0].grad_fn is None  # the move got the detached y
-    assert original[0]["y"] is spy.copies[0] and original[0]["y"].grad_fn is None
+    assert store[0]["y"] is spy.copies[0] and store[0]["y"].grad_fn is None
     assert y.grad_fn is not None
 
 
 def test_raise_mode_refuses_before_moving(fake_device: Any) -> None:
     spy = fake_device()
-    original: list[Any] = []
-    store = gradguard.guard(original, mode="raise", offload="cpu")
+    store = gradguard.guard([], mode="raise", offload="cpu")
     with pytest.raises(gradguard.GraphRetentionError):
         store.extend([torch.zeros(1), graph()])
-    assert original == [] and spy.seen == []
+    assert store == [] and spy.seen == []
 
 
 def test_real_cpu_tensors_are_not_copied() -> None:
-    original: list[Any] = []
-    store = gradguard.guard(original, offload="cpu")
+    store = gradguard.guard([], offload="cpu")
     t = torch.zeros(4)
     g = graph()
     store.append({"t": t, "g": g})
-    assert original[0]["t"] is t  # already on the host: not moved
-    assert original[0]["g"].data_ptr() == g.data_ptr()  # detached, sharing storage: no copy
+    assert store[0]["t"] is t  # already on the host: not moved
+    assert store[0]["g"].data_ptr() == g.data_ptr()  # detached, sharing storage: no copy
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_tensors_land_on_the_host_pinned() -> None:
-    original: list[Any] = []
-    store = gradguard.guard(original, offload="cpu", name="cuda")
+    store = gradguard.guard([], offload="cpu", name="cuda")
     leaf = torch.randn(1024, device="cuda", requires_grad=True)
     expected_lp = (leaf * 2).detach().cpu()
     rec = {"loss": 1.0, "model_output": {"log_probs": leaf * 2, "ids": torch.arange(8, device="cuda")}}
     store.append(rec)
     store.extend([{"x": leaf.exp()}])
-    lp = original[0]["model_output"]["log_probs"]
-    ids = original[0]["model_output"]["ids"]
-    for t in (lp, ids, original[1]["x"]):
+    lp = store[0]["model_output"]["log_probs"]
+    ids = store[0]["model_output"]["ids"]
+    for t in (lp, ids, store[1]["x"]):
         assert t.device.type == "cpu"
         assert t.is_pinned()
         assert t.grad_fn is None and not t.requires_grad

@@ -132,7 +132,7 @@ def suite(pytester: pytest.Pytester) -> Iterator[pytest.Pytester]:
     yield pytester
     # An in-process run must leave nothing behind: no enforce scope, no installed patch.
     assert _policy.mode_source() == ("detach", "default")
-    assert _enforce._counts == {}
+    assert _enforce.installed() == {}
 
 
 def test_no_option_changes_nothing_and_marker_enforces_one_test(suite: pytest.Pytester) -> None:
@@ -196,7 +196,7 @@ def test_marker_arguments_are_validated(pytester: pytest.Pytester) -> None:
             "*mode='bogus' is not a gradguard mode*",
         ]
     )
-    assert _enforce._counts == {}
+    assert _enforce.installed() == {}
 
 
 def test_bogus_mode_is_a_usage_error(pytester: pytest.Pytester) -> None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import gradguard
-from gradguard import _report
+from gradguard import _publish
 
 HERE = os.path.abspath(__file__)
 UNRESOLVED = "(no graph: site not resolved)"
@@ -35,11 +35,11 @@ def clean() -> dict[str, Any]:
 
 
 class CountingPinnedBytes:
-    """A spy standing in for ``gradguard._report.pinned_bytes``."""
+    """A spy standing in for ``gradguard._publish.pinned_bytes``."""
 
     def __init__(self) -> None:
         self.calls = 0
-        self.real = _report.pinned_bytes
+        self.real = _publish.pinned_bytes
 
     def __call__(self, obj: Any) -> int:
         self.calls += 1
@@ -49,7 +49,7 @@ class CountingPinnedBytes:
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> CountingPinnedBytes:
     counting = CountingPinnedBytes()
-    monkeypatch.setattr(_report, "pinned_bytes", counting)
+    monkeypatch.setattr(_publish, "pinned_bytes", counting)
     return counting
 
 
@@ -93,7 +93,7 @@ def test_clean_records_never_estimate_nor_walk_frames(spy: CountingPinnedBytes, 
     def no_frames(*args: Any) -> None:
         raise AssertionError("site attribution ran for a clean record")
 
-    monkeypatch.setattr("gradguard._publish.graph_seen", no_frames)
+    monkeypatch.setattr("gradguard._publish.caller", no_frames)
     store = gradguard.guard([], name="clean_only")
     for _ in range(20):
         store.append(clean())
@@ -223,8 +223,7 @@ PER_THREAD = 2000
 
 
 def test_threads_lose_nothing_and_stats_stay_consistent() -> None:
-    original: list[Any] = []
-    store = gradguard.guard(original, name="shared")
+    store = gradguard.guard([], name="shared")
     leaf = torch.ones(4, requires_grad=True)
     barrier = threading.Barrier(THREADS)
     errors: list[BaseException] = []
@@ -252,9 +251,9 @@ def test_threads_lose_nothing_and_stats_stay_consistent() -> None:
         sys.setswitchinterval(switch)
     assert errors == []
 
-    assert len(original) == THREADS * PER_THREAD
-    assert sorted((r["k"], r["i"]) for r in original) == [(k, i) for k in range(THREADS) for i in range(PER_THREAD)]
-    assert all(r["out"].grad_fn is None and not r["out"].requires_grad for r in original)
+    assert len(store) == THREADS * PER_THREAD
+    assert sorted((r["k"], r["i"]) for r in store) == [(k, i) for k in range(THREADS) for i in range(PER_THREAD)]
+    assert all(r["out"].grad_fn is None and not r["out"].requires_grad for r in store)
 
     rows = gradguard.stats()
     assert all(name == "shared" for name, _ in rows)

@@ -559,7 +559,7 @@ def test_check_every_samples_the_walk(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_check_none_checks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gradguard._step, "check_loss", lambda *a, **k: pytest.fail("checked"))
+    monkeypatch.setattr(gradguard._contract, "check_loss", lambda *a, **k: pytest.fail("checked"))
 
     @gradguard.forward_step(check=None)
     def fs(micro_batch: Any) -> Any:
@@ -662,24 +662,26 @@ def test_stats_count_the_published_records() -> None:
 
 
 _OFF_SCRIPT = r"""
-import gradguard
+import torch, gradguard
 
-def original(micro_batch, loss_function, forward_only=False):
-    return micro_batch
+@gradguard.forward_step
+def fs(x):
+    y = x * 2
+    return y.sum(), {"out": y}
 
-class Engine:
-    def forward_step(self, micro_batch, loss_function, forward_only):
-        return micro_batch
-
-method = Engine.__dict__["forward_step"]
-assert gradguard.forward_step(original) is original
-assert gradguard.forward_step(loss=1, check=None)(original) is original
-assert gradguard.forward_step(method) is method
-print("OK")
+x = torch.randn(3, requires_grad=True)
+loss, out = fs(x)
+assert out["out"].grad_fn is not None  # GRADGUARD=off: the result passes as it is
+with gradguard.enforce(mode="raise", engines="none"):
+    try:
+        fs(x)
+    except gradguard.GraphRetentionError:
+        print("OK")  # an enforce scope outranks GRADGUARD, also for functions decorated under it
 """
 
 
-def test_gradguard_off_at_decoration_returns_the_function_itself() -> None:
+def test_gradguard_off_at_decoration_is_still_outranked_by_enforce() -> None:
+    """d06: GRADGUARD=off read when decorating must not beat enforce(mode="raise") at call time."""
     env = {**os.environ, "GRADGUARD": "off"}
     proc = subprocess.run([sys.executable, "-c", _OFF_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -756,3 +758,125 @@ def test_warnings_and_stats_name_the_line_that_called_the_step() -> None:
     assert warned == [(here, line) for line in lines]
     sites = {s.site for s in gradguard.stats().values() if s.site != "(no graph: site not resolved)"}
     assert sites == {f"{here}:{line}" for line in lines}
+
+
+# --------------------------------------------------------------------------------------------------
+# Reported defects (issue 14)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_custom_mapping_result_is_never_mutated() -> None:
+    """d02: copy.copy shared the result's storage; the engine's own object lost its graph: w.grad 2.8 -> 1.0."""
+    import collections.abc as abc
+
+    class Result(abc.MutableMapping):  # type: ignore[type-arg]
+        def __init__(self, **kw: Any) -> None:
+            self._d = dict(kw)
+
+        def __getitem__(self, k: Any) -> Any:
+            return self._d[k]
+
+        def __setitem__(self, k: Any, v: Any) -> None:
+            self._d[k] = v
+
+        def __delitem__(self, k: Any) -> None:
+            del self._d[k]
+
+        def __iter__(self) -> Any:
+            return iter(self._d)
+
+        def __len__(self) -> int:
+            return len(self._d)
+
+    def run(guarded: bool) -> list[float]:
+        w = torch.ones(2, requires_grad=True)
+        cache: dict[str, Any] = {}
+
+        def fs(x: torch.Tensor) -> Result:
+            r = Result(loss=(w * x).sum(), hidden=w * x * 3)
+            cache["last"] = r  # a module caching its last output, for a regulariser
+            return r
+
+        out = (gradguard.forward_step(fs, loss="loss") if guarded else fs)(torch.ones(2))
+        if guarded:
+            assert type(out) is Result and out is not cache["last"]
+            assert out["hidden"].grad_fn is None and out["loss"] is cache["last"]["loss"]
+        (out["loss"] + 0.1 * cache["last"]["hidden"].pow(2).sum()).backward()
+        return w.grad.tolist()  # type: ignore[union-attr]
+
+    assert run(True) == run(False) == pytest.approx([2.8, 2.8])
+
+
+def test_async_forward_step_is_guarded_and_checked() -> None:
+    """d10: an async def was decorated as if sync: the coroutine escaped unguarded and unchecked."""
+    import asyncio
+    import inspect
+
+    x = torch.randn(2, requires_grad=True)
+
+    @gradguard.forward_step
+    async def fs(scale: float) -> Any:
+        y = x * scale
+        return y.sum(), {"y": y}
+
+    assert inspect.iscoroutinefunction(fs)
+    loss, out = asyncio.run(fs(2.0))
+    assert loss.grad_fn is not None and out["y"].grad_fn is None
+
+    @gradguard.forward_step
+    async def bad(scale: float) -> Any:
+        y = x * scale
+        return y.sum().detach(), {"y": y}
+
+    with pytest.raises(LossContractError):
+        asyncio.run(bad(2.0))
+
+
+def test_generator_functions_are_refused_at_decoration() -> None:
+    def steps() -> Any:
+        yield (torch.ones(1), {})
+
+    async def async_steps() -> Any:
+        yield (torch.ones(1), {})
+
+    for fn, what in ((steps, "a generator function"), (async_steps, "a async generator function")):
+        with pytest.raises(GradGuardError, match=what):
+            gradguard.forward_step(fn)
+
+
+def test_params_mean_the_graph_walk_unless_another_check_is_asked() -> None:
+    """d17: params= with the default check was silently ignored."""
+    policy, value = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+
+    @gradguard.forward_step(params=policy)
+    def fs(x: torch.Tensor) -> Any:
+        h = policy(x).detach()  # the trap: the policy gets no gradient
+        return value(h).mean(), {"h": h}
+
+    with pytest.raises(LossContractError, match="policy|weight"):
+        fs(torch.randn(3, 2))
+    with pytest.raises(GradGuardError, match=r"params=.*check='reaches_params' only"):
+        gradguard.forward_step(params=policy, check="requires_grad")
+
+
+def test_a_result_key_whose_repr_raises_does_not_break_the_step() -> None:
+    """d24: labels were built with repr(key) for every key, on the clean path too."""
+    x = torch.randn(2, requires_grad=True)
+
+    class K:
+        def __hash__(self) -> int:
+            return 1
+
+        def __repr__(self) -> str:
+            raise RuntimeError("repr boom")
+
+    key = K()
+
+    @gradguard.forward_step(loss="loss")
+    def fs() -> Any:
+        return {"loss": (x * 2).sum(), key: 1.0, "g": x * 3}
+
+    out = fs()
+    assert out[key] == 1.0 and out["g"].grad_fn is None
+    with gradguard.enforce(mode="raise", engines="none"), pytest.raises(gradguard.GraphRetentionError, match="'g'"):
+        fs()

@@ -1,4 +1,4 @@
-"""gradguard._wrapper: wrapt function wrappers whose unbound plain-function calls skip wrapt's probe."""
+"""gradguard._wrapper: wrapt function wrappers, and what kind of callable a function is."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import wrapt
 
-from gradguard._wrapper import function_wrapper
+from gradguard._wrapper import function_wrapper, kind
 
 
 def _recorder(tag: str, calls: list[tuple[str, Any, Any, tuple[Any, ...], dict[str, Any]]]) -> Any:
@@ -32,25 +32,24 @@ def test_a_plain_function_keeps_name_docstring_signature_and_wrapped() -> None:
     assert inspect.signature(wrapped) == inspect.signature(add)
 
 
-def test_unbound_calls_reach_direct_and_bound_calls_reach_wrapper() -> None:
+def test_bound_and_unbound_calls_reach_the_wrapper_as_wrapt_passes_them() -> None:
     calls: list[Any] = []
 
     def method(self: Any, x: int) -> tuple[Any, int]:
         return self, x
 
     class Owner:
-        m = function_wrapper(method, _recorder("bound", calls), direct=_recorder("direct", calls))
+        m = function_wrapper(method, _recorder("w", calls))
 
     owner = Owner()
     assert owner.m(1) == (owner, 1)
     assert Owner.m(owner, 2) == (owner, 2)
     assert Owner.__dict__["m"](owner, 3) == (owner, 3)  # unbound: self is just the first argument
-    tags = [(tag, instance, args) for tag, _, instance, args, _ in calls]
-    assert tags == [("bound", owner, (1,)), ("bound", owner, (2,)), ("direct", None, (owner, 3))]
-    assert calls[2][1] is method  # what wrapt passes after its failed __self__ lookup: the function itself
+    tags = [(instance, args) for _, _, instance, args, _ in calls]
+    assert tags == [(owner, (1,)), (owner, (2,)), (None, (owner, 3))]
 
 
-def test_keywords_pass_through_and_direct_defaults_to_wrapper() -> None:
+def test_keywords_pass_through() -> None:
     calls: list[Any] = []
     wrapped = function_wrapper(add, _recorder("w", calls))
     assert wrapped(1, b=2) == 3
@@ -81,15 +80,25 @@ def test_same_instance_and_args_as_wrapt_for_every_kind_of_callable() -> None:
     assert seen(function_wrapper) == seen(wrapt.FunctionWrapper)
 
 
-def test_only_plain_functions_get_the_subclass() -> None:
+def test_kind_tells_what_calling_a_function_does() -> None:
+    async def coroutine() -> None:
+        pass
+
+    def generator() -> Any:
+        yield 1
+
+    async def async_generator() -> Any:
+        yield 1
+
     class Owner:
-        def method(self) -> None:
+        async def method(self) -> None:
             pass
 
-    assert type(function_wrapper(add, _recorder("w", []))) is not wrapt.FunctionWrapper
-    already = wrapt.FunctionWrapper(add, _recorder("w", []))  # a proxy: inspect.isfunction says True
-    for other in (Owner().method, staticmethod(add), classmethod(add), len, already):
-        assert type(function_wrapper(other, _recorder("w", []))) is wrapt.FunctionWrapper
+    assert kind(add) == "function" and kind(len) == "function"
+    assert kind(coroutine) == "coroutine" and kind(Owner().method) == "coroutine"
+    assert kind(generator) == "generator" and kind(async_generator) == "async generator"
+    assert kind(staticmethod(generator)) == "generator"
+    assert kind(function_wrapper(coroutine, _recorder("w", []))) == "coroutine"  # through a wrapper
 
 
 def test_exceptions_propagate_unchanged() -> None:

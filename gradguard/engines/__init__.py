@@ -1,25 +1,26 @@
-"""Engine adapters, one module each, in the OpenTelemetry ``instrument()/uninstrument()`` style.
+"""Engine adapters, one module each, behind one contract (:class:`gradguard.engines._adapter.Adapter`).
 
-Each adapter module defines ``MODULES`` (the engine modules whose import it waits for),
-``instrument(module)`` / ``uninstrument(module)`` (patch with wrapt / restore the original objects
-exactly) and ``version()`` (the installed engine version, or ``None``). ``gradguard.enforce()``
-installs them through post-import hooks, so the engine may be imported before or after entering.
+Each adapter module defines ``ADAPTER``, an :class:`~gradguard.engines._adapter.Adapter` instance:
+the modules it waits for, the versions it supports, ``instrument(module)`` / ``uninstrument(module)``
+(patch with wrapt / restore the original objects exactly). ``gradguard.enforce()`` installs them
+through post-import hooks, so the engine may be imported before or after entering.
 """
 
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
 
 from .._errors import GradGuardError
+from ._adapter import Adapter
 
-__all__ = ["KNOWN", "load"]
+__all__ = ["KNOWN", "Adapter", "load"]
 
 KNOWN = ("megatron", "pipelining", "verl")
 
 
-def load(name: str) -> ModuleType:
-    """The adapter module for engine ``name``; :class:`GradGuardError` lists the known ones."""
-    if name not in KNOWN:
+def load(name: str) -> Adapter:
+    """The adapter for engine ``name``; :class:`GradGuardError` lists the known ones."""
+    if not isinstance(name, str) or name not in KNOWN:
         raise GradGuardError(f"unknown engine {name!r}; known engines: {', '.join(KNOWN)} (or 'auto', 'none')")
-    return importlib.import_module(f"{__name__}.{name}")
+    adapter: Adapter = importlib.import_module(f"{__name__}.{name}").ADAPTER
+    return adapter

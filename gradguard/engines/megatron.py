@@ -2,10 +2,12 @@
 
 * megatron-core >= 0.14: ``schedules.forward_step_calc_loss`` (every schedule, and the combined-1F1B
   path, which imports it inside a function and so sees the patch): what it appends to
-  ``forward_data_store`` is detached, and the loss ``loss_func`` returned is checked (see
-  :func:`_calc_loss_wrapper` for how, per mode).
-* 0.12 / 0.13 (loss code inside ``forward_step``): ``schedules.forward_step`` receives the guarded
+  ``forward_data_store`` is detached, and the loss ``loss_func`` returned is checked.
+* 0.12 / 0.13 (loss code inside ``forward_step``): ``schedules.forward_step`` receives a guarded
   store, and ``forward_step_func`` is wrapped so that the ``loss_func`` it returns is checked.
+
+The argument positions come from the function's signature when the adapter installs; a release whose
+signature lost one of the parameters it reads is refused with a message naming the parameter.
 
 Nothing else is guarded: the schedules' ``input_tensors`` / ``output_tensors`` hold graphs on purpose.
 Megatron skips backward on stages whose output does not require grad (vision-encoder stages), so a
@@ -15,22 +17,20 @@ loss that does not require grad is a :class:`gradguard.LossContractWarning` by d
 
 from __future__ import annotations
 
-import functools
-from importlib import metadata
 from types import ModuleType
 from typing import Any
 
-import torch
-
+from .._arguments import MISSING, Argument
+from .._contract import LossCheck
+from .._errors import GradGuardError
 from .._policy import DETACH, OFF, resolve
-from .._publish import publish_into
-from .._step import LossCheck
-from .._store import guarded
+from .._publish import publish
+from .._store import guard_in_place
 from . import _patch
+from ._adapter import Adapter
 
-__all__ = ["MODULES", "configure", "instrument", "uninstrument", "version"]
+__all__ = ["ADAPTER", "STORE_NAME", "configure"]
 
-MODULES = ("megatron.core.pipeline_parallel.schedules",)
 STORE_NAME = "megatron.forward_data_store"
 _loss_check = LossCheck("requires_grad", on_violation="warn", name="megatron loss_func loss")
 
@@ -38,38 +38,31 @@ _loss_check = LossCheck("requires_grad", on_violation="warn", name="megatron los
 def configure(*, loss_check: str = "warn") -> None:
     """What a last-stage loss that does not require grad does: ``"warn"`` (default), ``"raise"``, ``"off"``."""
     global _loss_check
-    _loss_check = LossCheck("requires_grad", on_violation=loss_check, name="megatron loss_func loss")
-
-
-def version() -> str | None:
-    """The installed megatron-core version, or ``None``."""
-    try:
-        return metadata.version("megatron-core")
-    except metadata.PackageNotFoundError:
-        return None
+    _loss_check = LossCheck("requires_grad", on_violation=loss_check, name="megatron loss_func loss", what="loss_check")
 
 
 def _guard_store(store: Any) -> Any:
-    return store if store is None else guarded(store, STORE_NAME)
-
-
-def _check(loss: Any) -> None:
-    if type(loss) is not torch.Tensor or not loss.requires_grad:  # else it passes: skip the call
-        _loss_check(loss)
+    return store if store is None else guard_in_place(store, STORE_NAME)
 
 
 def _call_checked(loss_func: Any, *args: Any, **kwargs: Any) -> Any:
     outputs = loss_func(*args, **kwargs)
     if not kwargs.get("non_loss_data") and isinstance(outputs, (tuple, list)) and outputs:
-        _check(outputs[0])
+        _loss_check(outputs[0])
     return outputs
 
 
 def _checked_loss_func(loss_func: Any) -> Any:
-    """``loss_func`` wrapped to check the loss it returns (a partial: cheap to build per call)."""
-    if loss_func is None or (type(loss_func) is functools.partial and loss_func.func is _call_checked):
+    """``loss_func`` wrapped to check the loss it returns."""
+    if loss_func is None or getattr(loss_func, "__gradguard_checked__", False):
         return loss_func
-    return functools.partial(_call_checked, loss_func)
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        return _call_checked(loss_func, *args, **kwargs)
+
+    checked.__gradguard_checked__ = True  # type: ignore[attr-defined]
+    checked.__wrapped__ = loss_func  # type: ignore[attr-defined]
+    return checked
 
 
 def _checked_forward_step_func(forward_step_func: Any) -> Any:
@@ -82,84 +75,94 @@ def _checked_forward_step_func(forward_step_func: Any) -> Any:
     return step
 
 
-def _guarding(store_index: int, fn_index: int, fn_name: str, check: Any) -> Any:
-    """A wrapper giving the call a guarded ``forward_data_store`` and a checking ``fn_name`` argument."""
-
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if resolve(None) == OFF:
-            return wrapped(*args, **kwargs)
-        args, kwargs = _patch.replace_arg(args, kwargs, store_index, "forward_data_store", _guard_store)
-        args, kwargs = _patch.replace_arg(args, kwargs, fn_index, fn_name, check)
-        return wrapped(*args, **kwargs)
-
-    return wrapper
+def _arguments(func: Any, names: tuple[str, ...]) -> list[Argument]:
+    what = f"megatron-core's {getattr(func, '__qualname__', func)}"
+    try:
+        return [Argument(func, name, what=what) for name in names]
+    except GradGuardError as exc:
+        raise GradGuardError(
+            f"{exc}. The gradguard megatron adapter reads it; this megatron-core release "
+            f"({ADAPTER.version()}) is outside the supported range {ADAPTER.supported!r}"
+        ) from None
 
 
-# >= 0.14: forward_step_calc_loss(model, output_tensor, loss_func, config, vp_stage,
-#          collect_non_loss_data, num_microbatches, forward_data_store, cp_group_size, is_last_stage)
-_calc_loss_any_call = _guarding(7, 2, "loss_func", _checked_loss_func)
+def _calc_loss_wrapper(func: Any) -> Any:
+    """The wrapper of ``forward_step_calc_loss`` (>= 0.14).
 
-
-def _calc_loss_wrapper(frames: int) -> Any:
-    """The wrapper of ``forward_step_calc_loss``; ``frames``: gradguard's frames between the schedule
-    and it (0, or 1 for a call through ``_PlainFunctionWrapper.__call__``: see ``_patch.install``).
-
-    For the schedules' own call (ten positional arguments):
-
-    * ``detach`` mode, a ``list`` store: the records the call appended are detached as it returns
-      (building a wrapt proxy per call would cost more than the call's own Python work); stats
-      attribute them to the schedule line that called ``forward_step_calc_loss``. ``warn`` and
-      ``raise`` guard the store during the call, so messages name the append line itself.
+    * ``detach`` mode, a ``list`` store: the records the call appended are detached as it returns,
+      even when it raises; stats attribute them to the line that called ``forward_step_calc_loss``.
+      ``warn`` and ``raise`` guard the store during the call, so messages name the append line itself.
     * With ``is_last_stage`` given, the loss is checked on the result: at the last stage, with a
       ``loss_func`` and no ``collect_non_loss_data``, the returned ``output_tensor`` is the loss
       ``loss_func`` returned, scaled in place. Without it (combined 1F1B), ``loss_func`` is wrapped.
     """
-    skip = 1 + frames  # publish_into's call-site search starts above this wrapper's frame and those
+    store_arg, loss_func_arg, last_arg, non_loss_arg = _arguments(
+        func, ("forward_data_store", "loss_func", "is_last_stage", "collect_non_loss_data")
+    )
 
     def calc_loss(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         mode = resolve(None)
-        if kwargs or len(args) != 10 or args[9] is None or mode == OFF:
-            return _calc_loss_any_call(wrapped, instance, args, kwargs)
-        store = args[7]
+        if mode == OFF:
+            return wrapped(*args, **kwargs)
+        last = last_arg.get(instance, args, kwargs)
+        if last is MISSING or last is None:
+            args, kwargs = store_arg.replace(instance, args, kwargs, _guard_store)
+            args, kwargs = loss_func_arg.replace(instance, args, kwargs, _checked_loss_func)
+            return wrapped(*args, **kwargs)
+        store = store_arg.get(instance, args, kwargs)
         if mode == DETACH and type(store) is list:
             start = len(store)
             try:
-                result = wrapped(*args)
+                result = wrapped(*args, **kwargs)
             finally:
                 for i in range(start, len(store)):
-                    store[i] = publish_into(None, STORE_NAME, mode, None, store[i], skip)
+                    store[i] = publish(store[i], STORE_NAME, mode)
         else:
-            replaced = list(args)
-            replaced[7] = _guard_store(store)
-            result = wrapped(*replaced)
-        if args[9] and args[2] is not None and not args[5]:
-            _check(result[0])  # a warning names the schedule line that called forward_step_calc_loss
+            args, kwargs = store_arg.replace(instance, args, kwargs, _guard_store)
+            result = wrapped(*args, **kwargs)
+        if last and loss_func_arg.get(instance, args, kwargs) is not None and not non_loss_arg.get(instance, args, kwargs):
+            _loss_check(result[0])  # a warning names the line that called forward_step_calc_loss
         return result
 
     return calc_loss
 
 
-_calc_loss, _calc_loss_direct = _calc_loss_wrapper(0), _calc_loss_wrapper(1)
+def _legacy_wrapper(func: Any) -> Any:
+    """The wrapper of 0.12 / 0.13's ``forward_step``: a guarded store and a checking ``forward_step_func``."""
+    store_arg, step_arg = _arguments(func, ("forward_data_store", "forward_step_func"))
+
+    def forward_step(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if resolve(None) == OFF:
+            return wrapped(*args, **kwargs)
+        args, kwargs = store_arg.replace(instance, args, kwargs, _guard_store)
+        args, kwargs = step_arg.replace(instance, args, kwargs, _checked_forward_step_func)
+        return wrapped(*args, **kwargs)
+
+    return forward_step
 
 
-# 0.12 / 0.13: forward_step(forward_step_func, data_iterator, model, num_microbatches, input_tensor,
-#              forward_data_store, config, ...)
-_forward_step_legacy = _guarding(5, 0, "forward_step_func", _checked_forward_step_func)
+def _target(module: ModuleType) -> str:
+    return "forward_step_calc_loss" if hasattr(module, "forward_step_calc_loss") else "forward_step"
 
 
-def _target(module: ModuleType) -> tuple[str, Any, Any]:
-    """The attribute to patch, its wrapper, and the wrapper for direct calls (``_patch.install``)."""
-    if hasattr(module, "forward_step_calc_loss"):
-        return "forward_step_calc_loss", _calc_loss, _calc_loss_direct
-    return "forward_step", _forward_step_legacy, None
+class MegatronAdapter(Adapter):
+    name = "megatron"
+    modules = ("megatron.core.pipeline_parallel.schedules",)
+    package = "megatron-core"
+    supported = ">=0.12,<0.20"
+
+    def instrument(self, module: ModuleType) -> None:
+        """Patch ``megatron.core.pipeline_parallel.schedules`` (idempotent)."""
+        attr = _target(module)
+        if _patch.is_installed(module, attr):
+            return
+        func = getattr(module, attr)
+        wrapper = _calc_loss_wrapper(func) if attr == "forward_step_calc_loss" else _legacy_wrapper(func)
+        _patch.install(module, attr, wrapper)
+
+    def uninstrument(self, module: ModuleType) -> None:
+        """Restore the original function object."""
+        _patch.uninstall(module, _target(module))
 
 
-def instrument(module: ModuleType) -> None:
-    """Patch ``megatron.core.pipeline_parallel.schedules`` (idempotent)."""
-    attr, wrapper, direct = _target(module)
-    _patch.install(module, attr, wrapper, direct)
-
-
-def uninstrument(module: ModuleType) -> None:
-    """Restore the original function object."""
-    _patch.uninstall(module, _target(module)[0])
+ADAPTER = MegatronAdapter()

@@ -15,21 +15,14 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-import torch
-
 from .._policy import DETACH, OFF, resolve
 from .._publish import publish, publish_many
 from . import _patch
+from ._adapter import Adapter
 
-__all__ = ["MODULES", "instrument", "uninstrument", "version"]
+__all__ = ["ADAPTER"]
 
-MODULES = ("torch.distributed.pipelining.schedules",)
 _TARGETS = (("PipelineScheduleSingle", "step"), ("PipelineScheduleMulti", "step"), ("_PipelineSchedule", "eval"))
-
-
-def version() -> str | None:
-    """The torch version (pipelining ships with torch)."""
-    return torch.__version__
 
 
 def _stages(schedule: Any) -> list[Any]:
@@ -45,16 +38,16 @@ def _release(schedule: Any, losses: Any, result: Any) -> Any:
     if resolve(None) == OFF:
         return result
     if isinstance(losses, list) and losses:
-        losses[:] = publish_many("pipelining.losses", DETACH, list(losses))
+        losses[:] = publish_many(list(losses), "pipelining.losses", DETACH)
     for stage in _stages(schedule):
         chunks = getattr(stage, "output_chunks", None)
         if isinstance(chunks, list) and chunks:
-            chunks[:] = publish_many("pipelining.output_chunks", DETACH, list(chunks))
+            chunks[:] = publish_many(list(chunks), "pipelining.output_chunks", DETACH)
         cache = getattr(stage, "fwd_cache", None)
         if isinstance(cache, dict) and cache:  # only non-empty after eval(): backward pops it
             for key, entry in list(cache.items()):
-                cache[key] = publish("pipelining.fwd_cache", DETACH, entry)
-    return publish("pipelining.step_output", DETACH, result)
+                cache[key] = publish(entry, "pipelining.fwd_cache", DETACH)
+    return publish(result, "pipelining.step_output", DETACH)
 
 
 def _step(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -69,13 +62,21 @@ def _eval(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, 
     return _release(instance, kwargs.get("losses"), result)
 
 
-def instrument(module: ModuleType) -> None:
-    """Patch the schedule classes of ``torch.distributed.pipelining.schedules`` (idempotent)."""
-    for cls_name, attr in _TARGETS:
-        _patch.install(getattr(module, cls_name), attr, _eval if attr == "eval" else _step)
+class PipeliningAdapter(Adapter):
+    name = "pipelining"
+    modules = ("torch.distributed.pipelining.schedules",)
+    package = "torch"
+    supported = ">=2.13"
+
+    def instrument(self, module: ModuleType) -> None:
+        """Patch the schedule classes of ``torch.distributed.pipelining.schedules`` (idempotent)."""
+        for cls_name, attr in _TARGETS:
+            _patch.install(getattr(module, cls_name), attr, _eval if attr == "eval" else _step)
+
+    def uninstrument(self, module: ModuleType) -> None:
+        """Restore the original methods."""
+        for cls_name, attr in _TARGETS:
+            _patch.uninstall(getattr(module, cls_name), attr)
 
 
-def uninstrument(module: ModuleType) -> None:
-    """Restore the original methods."""
-    for cls_name, attr in _TARGETS:
-        _patch.uninstall(getattr(module, cls_name), attr)
+ADAPTER = PipeliningAdapter()

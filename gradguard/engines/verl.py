@@ -19,16 +19,18 @@ would fail next). The adapter never imports verl: it waits for the engine module
 
 from __future__ import annotations
 
-from importlib import metadata
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from .._step import Labels, LossCheck, guard_result
+from .._arguments import MISSING, Argument
+from .._contract import LossCheck
+from .._results import Labels, guard_result
 from . import _patch
+from ._adapter import Adapter
 
-__all__ = ["MODULES", "instrument", "uninstrument", "version"]
+__all__ = ["ADAPTER"]
 
 _PKG = "verl.workers.engine"
 TARGETS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -37,47 +39,42 @@ TARGETS: dict[str, tuple[tuple[str, str], ...]] = {
     f"{_PKG}.torchtitan.transformer_impl": (("TorchTitanEngineWithLMHead", "forward_step"),),
     f"{_PKG}.megatron.transformer_impl": (("MegatronEngineWithLMHead", "postprocess_micro_batch_func"),),
 }
-MODULES = tuple(TARGETS)
 _loss_check = LossCheck("requires_grad", on_violation="warn", name="verl engine loss")
 
 
-def version() -> str | None:
-    """The installed verl version, or ``None``."""
-    try:
-        return metadata.version("verl")
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _forward_only(args: tuple[Any, ...], kwargs: dict[str, Any], index: int) -> bool:
-    value = kwargs["forward_only"] if "forward_only" in kwargs else args[index] if index < len(args) else False
-    return bool(value)
-
-
-def _wrapper(attr: str, label: str) -> Any:
-    # forward_step(self, micro_batch, loss_function, forward_only): forward_only is args[2]
-    # postprocess_micro_batch_func(self, output, data, forward_only, loss_function, ...): args[2] too
+def _wrapper(method: Any, label: str) -> Any:
+    """Keep the loss live and checked in training calls; publish the rest of the result."""
     labels = Labels(label)
+    forward_only = Argument(method, "forward_only", what=f"verl's {label}")
 
     def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         result = wrapped(*args, **kwargs)
-        train = torch.is_grad_enabled() and not _forward_only(args, kwargs, 2)
+        only = forward_only.get(instance, args, kwargs)
+        train = torch.is_grad_enabled() and not (only is not MISSING and only)
         return guard_result(result, 0, labels, _loss_check if train else None)
 
     return wrapper
 
 
-def instrument(module: ModuleType) -> None:
-    """Patch the engine classes ``module`` defines (idempotent); a class it lacks is skipped."""
-    for cls_name, attr in TARGETS.get(module.__name__, ()):
-        cls = getattr(module, cls_name, None)
-        if cls is not None and attr in vars(cls):
-            _patch.install(cls, attr, _wrapper(attr, f"verl {cls_name}.{attr}"))
+class VerlAdapter(Adapter):
+    name = "verl"
+    modules = tuple(TARGETS)
+    package = "verl"
+    supported = ">=0.8,<0.10"
+
+    def instrument(self, module: ModuleType) -> None:
+        """Patch the engine classes ``module`` defines (idempotent); a class it lacks is skipped."""
+        for cls_name, attr in TARGETS.get(module.__name__, ()):
+            cls = getattr(module, cls_name, None)
+            if cls is not None and attr in vars(cls) and not _patch.is_installed(cls, attr):
+                _patch.install(cls, attr, _wrapper(vars(cls)[attr], f"verl {cls_name}.{attr}"))
+
+    def uninstrument(self, module: ModuleType) -> None:
+        """Restore the original methods."""
+        for cls_name, attr in TARGETS.get(module.__name__, ()):
+            cls = getattr(module, cls_name, None)
+            if cls is not None:
+                _patch.uninstall(cls, attr)
 
 
-def uninstrument(module: ModuleType) -> None:
-    """Restore the original methods."""
-    for cls_name, attr in TARGETS.get(module.__name__, ()):
-        cls = getattr(module, cls_name, None)
-        if cls is not None:
-            _patch.uninstall(cls, attr)
+ADAPTER = VerlAdapter()

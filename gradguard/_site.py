@@ -1,0 +1,64 @@
+"""The call site: the first frame that is neither gradguard's nor wrapt's.
+
+One rule serves every caller (stores, the decorator, the engine adapters, warnings): walk out from
+the current frame past every frame whose code lives in gradguard's or wrapt's own files. No caller
+counts frames, so adding a helper inside gradguard can never shift an attribution.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+import warnings
+
+import wrapt
+
+__all__ = ["caller", "location", "warn_at"]
+
+_OWN = tuple(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in (sys.modules[__package__], wrapt))
+
+
+class _Internal(dict[str, bool]):
+    """filename -> whether it is one of gradguard's or wrapt's files."""
+
+    def __missing__(self, filename: str) -> bool:
+        flag = self[filename] = os.path.abspath(filename).startswith(_OWN) if filename[:1] != "<" else False
+        return flag
+
+
+_internal = _Internal()
+
+
+def caller() -> types.FrameType | None:
+    """The innermost frame outside gradguard and wrapt, or ``None`` when there is none (a call from C)."""
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None and _internal[frame.f_code.co_filename]:
+        frame = frame.f_back
+    return frame
+
+
+def location(frame: types.FrameType | None) -> str:
+    """``file:line`` of ``frame``; ``<unknown>`` without one."""
+    return "<unknown>" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def warn_at(message: str, category: type[Warning], frame: types.FrameType | None) -> None:
+    """``warnings.warn`` attributed to ``frame``, as a ``stacklevel`` pointing there would be.
+
+    The frame's module registry is used, so ``"default"``/``"once"`` filters and pytest's capture
+    behave as for any warning raised at that line.
+    """
+    if frame is None:
+        warnings.warn_explicit(message, category, "<unknown>", 0)
+        return
+    module_globals = frame.f_globals
+    warnings.warn_explicit(
+        message,
+        category,
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        module=module_globals.get("__name__"),
+        registry=module_globals.setdefault("__warningregistry__", {}),
+        module_globals=module_globals,
+    )
