@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import checkpoint
 
 from gradguard import GraphRecord, detach_tree, find_graphs, pinned_bytes
-from gradguard._graph import unreached_params
+from gradguard._graph import Unreached, unreached_params
 
 F32 = 4  # bytes per float32 element
 
@@ -401,7 +401,7 @@ def test_unreached_params_all_reached() -> None:
     x = torch.randn(4, 3)
     h = m.frozen(x)
     loss = m.policy(h).sum() + m.value(h).sum()
-    assert unreached_params(loss, m.named_parameters()) == []
+    assert unreached_params(loss, m.named_parameters()) == Unreached()
 
 
 def test_unreached_params_reports_missing() -> None:
@@ -411,17 +411,17 @@ def test_unreached_params_reports_missing() -> None:
     policy_out = m.policy(x).detach()
     loss = m.value(x).sum() + policy_out.sum()
     assert loss.requires_grad
-    assert sorted(unreached_params(loss, m.named_parameters())) == ["policy.bias", "policy.weight"]
+    assert sorted(unreached_params(loss, m.named_parameters()).missing) == ["policy.bias", "policy.weight"]
 
 
 def test_unreached_params_ignores_frozen_and_empty() -> None:
     m = TwoHeads()
     loss = m.value(torch.randn(2, 3)).sum()
-    names = unreached_params(loss, m.named_parameters())
+    names = unreached_params(loss, m.named_parameters()).missing
     assert "frozen.weight" not in names and "frozen.bias" not in names
     assert sorted(names) == ["policy.bias", "policy.weight"]
-    assert unreached_params(loss, m.frozen.named_parameters()) == []
-    assert unreached_params(loss, []) == []
+    assert unreached_params(loss, m.frozen.named_parameters()) == Unreached()
+    assert unreached_params(loss, []) == Unreached()
 
 
 def test_unreached_params_through_checkpoint() -> None:
@@ -429,4 +429,4 @@ def test_unreached_params_through_checkpoint() -> None:
     x = torch.randn(2, 3, requires_grad=True)
     out = checkpoint(m.policy, x, use_reentrant=False)
     loss = out.sum()
-    assert sorted(unreached_params(loss, m.named_parameters())) == ["value.bias", "value.weight"]
+    assert sorted(unreached_params(loss, m.named_parameters()).missing) == ["value.bias", "value.weight"]
