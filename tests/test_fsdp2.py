@@ -19,6 +19,7 @@ from torch import nn
 
 import gradguard
 from gradguard import LossContractError, LossContractWarning
+from gradguard._contract import LossCheck
 
 dist = pytest.importorskip("torch.distributed", reason="torch built without torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
@@ -106,6 +107,23 @@ def test_sharded_parameters_without_their_module_cannot_decide(mesh: DeviceMesh)
     ) as rec:
         gradguard.check_loss(model(X).sum(), params=model.parameters())  # DTensors, no module to map them
     assert "pass the module itself as params=" in str(rec[0].message)
+
+
+def test_parameters_read_before_fully_shard_cannot_decide(mesh: DeviceMesh) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    stale = LossCheck("reaches_params", model.parameters())  # the originals, replaced below
+    live = LossCheck("reaches_params", model)  # re-read: sees the sharded parameters
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    with pytest.warns(LossContractWarning, match=r"cannot decide.*FSDP2"):
+        stale(model(X).sum())  # never a false error
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        live(model(X).sum())
+    with pytest.raises(LossContractError, match=r"0\.weight, 0\.bias\. They"):
+        live(trap_loss(model, X))
 
 
 def test_gradients_are_bitwise_identical_with_and_without_the_check(mesh: DeviceMesh) -> None:

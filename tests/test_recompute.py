@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 import gradguard
 from gradguard import LossContractError, LossContractWarning
+from gradguard._contract import LossCheck
 
 
 class Model(nn.Module):
@@ -186,6 +187,19 @@ def test_a_function_it_cannot_look_into_cannot_decide_and_says_so() -> None:
         gradguard.check_loss(trap, params=model)
 
 
+def test_loss_check_says_cannot_decide_once_whatever_on_violation() -> None:
+    model = Model()
+    holder = Holder(model.block)
+    check = LossCheck("reaches_params", model, on_violation="raise")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            check(loss_through(model, lambda h: reentrant(holder.run, h)))
+    assert [w.category for w in record] == [LossContractWarning]
+    with pytest.raises(LossContractError, match="does not require grad"):
+        check(loss_through(model, lambda h: reentrant(holder.run, h)).detach())  # still checked
+
+
 def test_non_reentrant_checkpoint_needs_no_seeing_through() -> None:
     model = Model()
     loss = loss_through(model, lambda h: checkpoint(model.block, h, use_reentrant=False))
@@ -226,6 +240,7 @@ def _train_step(inspect: bool) -> tuple[dict[str, torch.Tensor], dict[str, int]]
     forward_calls = dict(calls)
     if inspect:
         gradguard.check_loss(loss, params=model)
+        LossCheck("reaches_params", model)(loss)
         assert gradguard.pinned_bytes({"h": h, "loss": loss}) > 0
         gradguard.find_graphs({"h": h})
         assert calls == forward_calls, "a check recomputed or unpacked something"
