@@ -79,7 +79,7 @@ FORMS: dict[str, Callable[[Model], Callable[[torch.Tensor], torch.Tensor]]] = {
     "module as a non-tensor input": lambda m: lambda h: reentrant(run_block, m.block, h),
     "default argument": lambda m: lambda h: reentrant(lambda t, blk=m.block: blk(t), h),
     "checkpoint_sequential": lambda m: (
-        lambda h: checkpoint_sequential(nn.Sequential(m.block, nn.ReLU()), 1, h, use_reentrant=True)
+        lambda h: checkpoint_sequential(nn.Sequential(m.block, nn.ReLU()), 2, h, use_reentrant=True)
     ),
 }
 
@@ -98,6 +98,7 @@ def test_the_premise_reentrant_forward_does_not_reach_the_block() -> None:
 def test_reentrant_checkpoint_passes_a_correct_model(form: str) -> None:
     model = Model()
     loss = loss_through(model, FORMS[form](model))
+    assert "CheckpointFunctionBackward" in {type(n).__name__ for n in gradguard._graph._nodes([loss.grad_fn])}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "cannot decide" either: the walk sees through
         assert gradguard.check_loss(loss, params=model) is loss
