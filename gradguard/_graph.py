@@ -1,20 +1,36 @@
 """Autograd graph inspection: what a graph keeps alive, and whether a loss reaches parameters.
 
-Both walks visit each graph node once, never run backward, and never unpack a saved tensor that has
-saved-tensor hooks (unpacking a non-reentrant checkpoint's saved tensor re-runs its forward).
+Both walks visit each graph node once. They never run backward, never call a checkpointed function,
+and never unpack a saved tensor that has saved-tensor hooks (unpacking a non-reentrant checkpoint's
+saved tensor re-runs its forward): inspecting a graph leaves it, and the gradients it will produce,
+exactly as they were.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import dataclasses
+import enum
+import functools
+import sys
+import types
+import weakref
+from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
+from torch._C import _functorch
+from torch.autograd.function import BackwardCFunction
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ._tree import iter_tensors
 
-__all__ = ["pinned_bytes", "unreached_params"]
+__all__ = ["Unreached", "active_transform", "pinned_bytes", "unreached_params"]
+
+
+def _distinct_tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """Each distinct tensor in ``obj``: the tree walk's, used here and nowhere else in this module."""
+    return (t for _, t in iter_tensors(obj))
 
 
 def _nodes(roots: Iterable[Any]) -> Iterator[Any]:
@@ -30,10 +46,22 @@ def _nodes(roots: Iterable[Any]) -> Iterator[Any]:
         stack.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
 
 
+def active_transform() -> str | None:
+    """The innermost active ``torch.func`` transform (``"Grad"``, ``"Jvp"``, ``"Vmap"``,
+    ``"Functionalize"``), or ``None`` in plain eager code."""
+    interpreter = _functorch.peek_interpreter_stack()
+    return None if interpreter is None else interpreter.key().name
+
+
+# --------------------------------------------------------------------------------------------------
+# pinned_bytes
+# --------------------------------------------------------------------------------------------------
+
+
 def pinned_bytes(obj: Any) -> int:
     """Estimate the bytes that the autograd graphs reachable from ``obj`` keep alive.
 
-    Counted, each storage once (keyed by device and data pointer):
+    Counted, each piece of memory once (keyed by device and data pointer):
       * leaves reached through ``AccumulateGrad`` nodes that are not ``nn.Parameter``s (receive
         buffers, embedding outputs made leaves by ``enable_input_require_grads``, checkpoint
         inputs), and their ``.grad``;
@@ -41,24 +69,29 @@ def pinned_bytes(obj: Any) -> int:
         pass with grad enabled; none after ``backward()`` without ``retain_graph``);
       * for saved tensors packed by saved-tensor hooks, the packed object when it is a tensor.
 
+    A tensor counts for the memory it really holds: a sparse tensor its indices and values, a
+    ``DTensor`` its local shard, a jagged nested tensor and any other traceable wrapper subclass the
+    components its ``__tensor_flatten__`` names, another wrapper subclass the tensors among its
+    attributes; a meta tensor, and any tensor whose storage is unallocated or freed, counts 0.
+
     Not visible, so not counted: memory held by hooks as opaque objects (a non-reentrant
     checkpoint's recomputation state, offload holders that are not tensors), the C++ node objects
     themselves, parameters, views of them saved for backward (``addmm`` saves ``weight.t()``) and
-    their gradients (they outlive any record anyway), and tensors held
-    by Python closures or ``ctx`` attributes other than ``save_for_backward``.
+    their gradients (they outlive any record anyway), and tensors held by Python closures or
+    ``ctx`` attributes other than ``save_for_backward``.
     """
-    roots = [t.grad_fn for _, t in iter_tensors(obj) if t.grad_fn is not None]
-    counted: set[tuple[Any, int]] = set()
+    roots = [t.grad_fn for t in _distinct_tensors(obj) if t.grad_fn is not None]
+    counted: set[Hashable] = set()
     total = 0
 
     def add(t: Any) -> None:
         nonlocal total
         if not isinstance(t, torch.Tensor) or _is_parameter(t):
             return
-        key, nbytes = _storage_key(t)
-        if key not in counted:
-            counted.add(key)
-            total += nbytes
+        for key, nbytes in _memory(t, set()):
+            if key not in counted:
+                counted.add(key)
+                total += nbytes
 
     for node in _nodes(roots):
         leaf = getattr(node, "variable", None)  # only AccumulateGrad has one
@@ -77,18 +110,51 @@ def _is_parameter(t: torch.Tensor) -> bool:
     return isinstance(t, nn.Parameter) or isinstance(getattr(t, "_base", None), nn.Parameter)
 
 
-def _storage_key(t: torch.Tensor) -> tuple[tuple[Any, int], int]:
+_SPARSE_PARTS = {
+    torch.sparse_coo: ("_indices", "_values"),
+    torch.sparse_csr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
+    torch.sparse_bsc: ("ccol_indices", "row_indices", "values"),
+}
+
+
+def _memory(t: torch.Tensor, seen: set[int]) -> Iterator[tuple[Hashable, int]]:
+    """``(key, bytes)`` for each piece of memory ``t`` really holds; nothing for what holds none."""
+    if id(t) in seen or t.is_meta:
+        return
+    seen.add(id(t))
+    if is_traceable_wrapper_subclass(t):  # DTensor, jagged nested tensors, tensor-subclass quantizers
+        names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
+        parts: Iterable[Any] = [getattr(t, name) for name in names]
+    elif _functorch.is_functorch_wrapped_tensor(t):
+        parts = [_functorch.get_unwrapped(t)]
+    elif t.layout in _SPARSE_PARTS:
+        parts = [getattr(t, name)() for name in _SPARSE_PARTS[t.layout]]  # new objects: kept alive for `seen`
+    else:
+        own = _storage(t)
+        if own is not None:
+            yield own
+            return
+        parts = vars(t).values()  # a wrapper subclass keeping its data in attributes; freed or fake: none
+    for part in parts:
+        if isinstance(part, torch.Tensor):
+            yield from _memory(part, seen)
+
+
+def _storage(t: torch.Tensor) -> tuple[Hashable, int] | None:
+    """``t``'s own allocated storage as ``(key, bytes)``; ``None`` where nothing is allocated in it."""
     try:
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
-        if ptr:
-            return (t.device, ptr), storage.nbytes()
-    except (RuntimeError, NotImplementedError, TypeError):
-        pass  # nested and wrapper subclasses have no single storage
-    return ("tensor", id(t)), t.numel() * t.element_size()
+    except (RuntimeError, NotImplementedError, TypeError):  # a wrapper subclass, or an opaque layout
+        if type(t) in (torch.Tensor, nn.Parameter):
+            return ("tensor", id(t)), t.numel() * t.element_size()  # mkldnn and the like own their elements
+        return None
+    return ((t.device, ptr), storage.nbytes()) if ptr else None
 
 
-_saved_names: dict[type, tuple[str, ...]] = {}
+_saved_names: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
 
 
 def _saved_data(node: Any) -> Iterator[Any]:
@@ -113,15 +179,248 @@ def _saved_data(node: Any) -> Iterator[Any]:
                 yield data
 
 
-def unreached_params(loss: torch.Tensor, params: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
-    """Names of the trainable parameters (``requires_grad``) that ``loss``'s graph does not reach."""
-    wanted = {id(p): name for name, p in params if p.requires_grad}
+# --------------------------------------------------------------------------------------------------
+# unreached_params
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Unreached:
+    """What :func:`unreached_params` found: parameters the graph cannot train, and those it cannot decide.
+
+    ``missing``: trainable parameters the graph provably does not reach (they get no gradient).
+    ``undecided``: trainable parameters the graph does not visibly reach, where something the walk
+    cannot look into may reach them; ``why`` says what. Empty tuples when every one is reached.
+    """
+
+    missing: tuple[str, ...] = ()
+    undecided: tuple[str, ...] = ()
+    why: str = ""
+
+
+def unreached_params(loss: torch.Tensor, params: nn.Module | Iterable[tuple[str, torch.Tensor]]) -> Unreached:
+    """Which trainable parameters (``requires_grad``) of ``params`` the graph of ``loss`` does not reach.
+
+    ``params`` is a module (read now: its current parameters) or ``(name, parameter)`` pairs. A
+    parameter counts as reached when the graph has its ``AccumulateGrad`` node, and also:
+
+    * under FSDP2 (``fully_shard``, found in the module ``params``), when the graph reaches the
+      unsharded parameter that FSDP swaps in for the registered, sharded one during forward;
+    * behind a reentrant activation checkpoint (torch's ``use_reentrant=True``, Megatron's
+      ``CheckpointFunction``), whose forward ran under ``no_grad`` so that only the recompute in
+      backward reaches its parameters: when the checkpointed function is a module, a module's bound
+      method, or a ``functools.partial`` / function whose arguments, closure cells and named globals
+      hold modules, tensors and plain values only (see :func:`_reach_of`), the parameters of those
+      modules and those tensors count as reached. A module is taken to reach its own parameters.
+
+    Undecided (never missing): every parameter not reached when the graph holds a recomputing
+    checkpoint whose function holds anything else (or none: Megatron's ``CheckpointWithoutOutput``),
+    or when a ``torch.func`` transform is active (its graph's leaves are the transform's inputs);
+    a ``DTensor`` parameter, or one already handed to ``fully_shard``, that no FSDP2 module in
+    ``params`` maps to a tensor of the graph (pass the module itself).
+    """
+    pairs: list[tuple[str, torch.Tensor]]
+    if isinstance(params, nn.Module):
+        module: nn.Module | None = params
+        pairs = [*params.named_parameters()]
+    else:
+        module, pairs = None, list(params)
+    wanted = [(name, p) for name, p in pairs if p.requires_grad]
     if not wanted:
-        return []
+        return Unreached()
+    transform = active_transform()
+    if transform is not None:
+        return Unreached(
+            undecided=tuple(name for name, _ in wanted),
+            why=f"a torch.func transform ({transform}) is active: the graph's leaves are the transform's "
+            "inputs, not these parameters",
+        )
+
+    index = {id(p): i for i, (_, p) in enumerate(wanted)}  # each tensor standing for wanted[i]
+    fsdp_mapped = set()
+    for sharded, unsharded in _fsdp_pairs(module):
+        i = index.get(id(sharded), index.get(id(unsharded)))
+        if i is not None:
+            index[id(sharded)] = index[id(unsharded)] = i
+            fsdp_mapped.add(i)
+
+    remaining, opaque = _walk(loss, index, len(wanted))
+    if opaque:
+        return Unreached(
+            undecided=tuple(wanted[i][0] for i in remaining),
+            why=f"the graph holds a recomputing activation checkpoint gradguard cannot look into "
+            f"({', '.join(opaque)}); its recompute in backward may reach them",
+        )
+    undecided = [i for i in remaining if i not in fsdp_mapped and _maybe_fsdp_managed(wanted[i][1])]
+    why = "FSDP2 (fully_shard) may train them through an unsharded copy that only their module maps them to"
+    return Unreached(
+        missing=tuple(wanted[i][0] for i in remaining if i not in undecided),
+        undecided=tuple(wanted[i][0] for i in undecided),
+        why=f"{why}: pass the module itself as params=" if undecided else "",
+    )
+
+
+def _walk(loss: torch.Tensor, index: dict[int, int], n: int) -> tuple[list[int], list[str]]:
+    """Walk ``loss``'s graph until every one of the ``n`` parameters (``index``: tensor id -> which)
+    is reached; return those not reached, in order, and the recomputing checkpoints it met that it
+    could not see through."""
+    remaining = set(range(n))
+    opaque: set[str] = set()
+    seen: set[int] = set()  # what _reach_of followed already, across checkpoints
     for node in _nodes([loss.grad_fn]):
-        leaf = getattr(node, "variable", None)
+        leaf = getattr(node, "variable", None)  # only AccumulateGrad has one
         if leaf is not None:
-            wanted.pop(id(leaf), None)
-            if not wanted:
-                return []
-    return list(wanted.values())
+            remaining.discard(index.get(id(leaf), -1))
+        elif isinstance(node, BackwardCFunction) and _recomputes(node):
+            called = _checkpointed(node)
+            tensors, complete = _reach_of(called, seen) if called else ([], False)
+            remaining.difference_update(index.get(id(t), -1) for t in tensors)
+            if not complete:
+                opaque.add(_describe(node))
+        if not remaining:
+            break
+    return sorted(remaining), sorted(opaque)
+
+
+def _recomputes(node: BackwardCFunction) -> bool:
+    """A custom Function that recomputes in backward: it stores a ``run_function`` on its ctx
+    (torch's reentrant checkpoint, Megatron, DeepSpeed, Transformer Engine) or says so in its name
+    (Megatron's ``CheckpointWithoutOutputFunction``)."""
+    return hasattr(node, "run_function") or "checkpoint" in type(node).__name__.lower()
+
+
+def _checkpointed(node: BackwardCFunction) -> list[Any]:
+    """What the recompute will call, and with which non-tensor arguments (torch's ``ctx.inputs``)."""
+    if not hasattr(node, "run_function"):
+        return []
+    inputs = getattr(node, "inputs", None)
+    return [node.run_function, *(inputs if isinstance(inputs, (list, tuple)) else ())]
+
+
+def _describe(node: BackwardCFunction) -> str:
+    fn = getattr(node, "run_function", None)
+    what = type(node).__name__
+    return what if fn is None else f"{what} of {getattr(fn, '__qualname__', type(fn).__qualname__)}"
+
+
+def _plain(module_name: str | None) -> bool:
+    """A Python module whose globals hold none of the user's modules: torch's own, math, operator."""
+    name = module_name or ""
+    return name in ("torch", "math", "operator") or name.startswith("torch.")
+
+
+_INERT = (
+    type(None),
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    type,
+    enum.Enum,
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+    types.BuiltinFunctionType,
+    type(Ellipsis),
+    slice,
+    range,
+)
+
+
+def _reach_of(roots: Iterable[Any], seen: set[int]) -> tuple[list[torch.Tensor], bool]:
+    """The tensors that calling the checkpointed function in ``roots`` can reach, and whether that is all.
+
+    Followed: a module (its parameters), a tensor, a bound method (its object when it is a module,
+    else its object and function), a ``functools.partial`` (function and arguments), a Python
+    function (its closure cells, defaults, and the globals its code, nested code included, names;
+    for torch's own functions not the globals), and lists, tuples, sets and dicts of those. Plain
+    values, classes, builtins and torch's own modules reach nothing. Anything else may reach more
+    than the walk can tell: ``complete`` is ``False``. Objects in ``seen`` were followed already.
+    """
+    found: list[torch.Tensor] = []
+    complete = True
+    stack = list(roots)
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, _INERT) or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, nn.Module):
+            found.extend(obj.parameters())
+        elif isinstance(obj, torch.Tensor):
+            found.append(obj)
+        elif isinstance(obj, functools.partial):
+            stack.extend((obj.func, *obj.args, *obj.keywords.values()))
+        elif isinstance(obj, types.MethodType):
+            owner = obj.__self__
+            stack.extend((owner,) if isinstance(owner, nn.Module) else (owner, obj.__func__))
+        elif isinstance(obj, types.FunctionType):
+            stack.extend(cell.cell_contents for cell in obj.__closure__ or () if not _empty(cell))
+            stack.extend(obj.__defaults__ or ())
+            stack.extend((obj.__kwdefaults__ or {}).values())
+            if not _plain(obj.__module__):
+                stack.extend(obj.__globals__[name] for name in _names(obj.__code__) if name in obj.__globals__)
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            stack.extend(obj)
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, types.ModuleType):
+            complete &= _plain(obj.__name__)
+        else:
+            complete = False
+    return found, complete
+
+
+def _empty(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - reading it is the test
+    except ValueError:
+        return True
+    return False
+
+
+def _names(code: types.CodeType) -> Iterator[str]:
+    """The global (and attribute) names ``code`` and the code nested in it use."""
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _names(const)
+
+
+def _fsdp_pairs(module: nn.Module | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``(sharded, unsharded)`` parameter pairs of the FSDP2 (``fully_shard``) modules in ``module``.
+
+    FSDP2 registers sharded ``DTensor`` parameters and, during forward, swaps in unsharded ones: the
+    graph reaches those. Nothing when FSDP2 was never imported or its internals are not as expected
+    (the parameters then stay undecided, see :func:`_maybe_fsdp_managed`).
+    """
+    fsdp_module = getattr(sys.modules.get("torch.distributed.fsdp"), "FSDPModule", None)
+    if module is None or fsdp_module is None:
+        return
+    for m in module.modules():
+        if not isinstance(m, fsdp_module):
+            continue
+        try:
+            state = m._get_fsdp_state()
+            groups = getattr(state, "_fsdp_param_groups", None)  # a list; older torch: one group
+            if groups is None:
+                groups = [g] if (g := getattr(state, "_fsdp_param_group", None)) is not None else []
+            for group in groups:
+                for fsdp_param in group.fsdp_params:
+                    unsharded = getattr(fsdp_param, "_unsharded_param", None)  # before 1st forward: none
+                    if unsharded is not None:
+                        yield fsdp_param.sharded_param, unsharded
+        except (AttributeError, AssertionError):
+            continue
+
+
+def _maybe_fsdp_managed(p: torch.Tensor) -> bool:
+    """``p`` may be trained through a tensor FSDP2 swaps in: a ``DTensor`` while FSDP2 is imported,
+    or an original parameter that ``fully_shard`` has replaced (it marks them ``_fsdp_orig_uid``)."""
+    if hasattr(p, "_fsdp_orig_uid"):
+        return True
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+    return dtensor is not None and "torch.distributed.fsdp" in sys.modules and isinstance(p, dtensor)

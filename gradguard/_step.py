@@ -51,12 +51,8 @@ def forward_step(
     """
     if check is _DEFAULT_CHECK:
         check = "reaches_params" if params is not None else "requires_grad"
-    elif params is not None and check != "reaches_params":
-        raise GradGuardError(
-            f"forward_step(params=...) is read by check='reaches_params' only; with check={check!r} it would "
-            "be ignored. Pass check='reaches_params' (or leave check out), or drop params"
-        )
-    loss_check = LossCheck(check, params, check_every) if check is not None else None
+    checked = LossCheck(check, params, check_every)  # validates every option, also when check is None
+    loss_check = checked if check is not None else None
 
     def decorate(func: Callable[..., Any]) -> Any:
         if not callable(func):

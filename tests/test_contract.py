@@ -150,7 +150,9 @@ def test_silent_zero_gradient_trap_is_real(model: ActorCritic, x: torch.Tensor) 
     assert torch.isfinite(loss)
 
 
-def test_silent_zero_gradient_trap_missed_by_requires_grad_caught_by_params(model: ActorCritic, x: torch.Tensor) -> None:
+def test_silent_zero_gradient_trap_missed_by_requires_grad_caught_by_params(
+    model: ActorCritic, x: torch.Tensor
+) -> None:
     loss = ppo_like_loss(*model(x, detach_policy=True))
     assert gradguard.check_loss(loss) is loss  # requires_grad alone misses it
     with pytest.raises(LossContractError) as info:
@@ -236,7 +238,9 @@ def test_walk_stops_once_every_parameter_is_found(monkeypatch: pytest.MonkeyPatc
     assert len(yielded) <= len(_distinct_nodes(loss.grad_fn))
 
 
-def test_params_without_grad_skip_the_walk(monkeypatch: pytest.MonkeyPatch, model: ActorCritic, x: torch.Tensor) -> None:
+def test_params_without_grad_skip_the_walk(
+    monkeypatch: pytest.MonkeyPatch, model: ActorCritic, x: torch.Tensor
+) -> None:
     loss = ppo_like_loss(*model(x))
     model.requires_grad_(False)  # nothing trainable to reach
     calls: list[Any] = []

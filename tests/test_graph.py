@@ -6,16 +6,19 @@ import collections
 import dataclasses
 import gc
 import types
+import warnings
 import weakref
 from typing import Any, NamedTuple
 
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import checkpoint
 
 from gradguard import GraphRecord, detach_tree, find_graphs, pinned_bytes
-from gradguard._graph import unreached_params
+from gradguard._graph import Unreached, unreached_params
 
 F32 = 4  # bytes per float32 element
 
@@ -51,7 +54,9 @@ def test_verl_style_record_paths_and_fields() -> None:
     }
     recs = find_graphs(rec)
     assert recs == [
-        GraphRecord("['model_output']['log_probs']", (2, 5, 7), torch.float32, torch.device("cpu"), "LogSoftmaxBackward0"),
+        GraphRecord(
+            "['model_output']['log_probs']", (2, 5, 7), torch.float32, torch.device("cpu"), "LogSoftmaxBackward0"
+        ),
         GraphRecord("['model_output']['entropy']", (2, 5), torch.float32, torch.device("cpu"), "NegBackward0"),
     ]
     assert isinstance(recs[0].shape, tuple)
@@ -283,6 +288,101 @@ def test_pinned_bytes_after_detach_tree_is_zero() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# pinned_bytes counts the memory tensors really hold (d17): sparse, meta, wrapper subclasses
+# --------------------------------------------------------------------------------------------------
+
+I64 = 8  # bytes per int64 element
+
+
+def _sparse_leaf() -> torch.Tensor:
+    """A 200000 x 200000 COO leaf with two elements: 2 x 2 int64 indices + 2 float32 values = 40 bytes."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "Sparse invariant checks are implicitly disabled"
+        return torch.sparse_coo_tensor([[0, 1], [2, 3]], [1.0, 2.0], (200_000, 200_000), requires_grad=True)
+
+
+def test_pinned_bytes_sparse_coo_counts_indices_and_values() -> None:
+    s = _sparse_leaf()
+    y = torch.sparse.sum(s)  # coalesces: ValuesBackward0 saves the coalesced copy (40 bytes more)
+    assert pinned_bytes(y) == 2 * (2 * 2 * I64 + 2 * F32)  # not 200000**2 x 4 bytes
+    y.backward()
+    assert s.grad is not None and s.grad.layout is torch.sparse_coo
+    assert pinned_bytes(y) == 2 * (2 * 2 * I64 + 2 * F32)  # saved copy freed, the sparse .grad counted
+
+
+def test_pinned_bytes_sparse_csr_counts_its_index_and_value_arrays() -> None:
+    crow, col, values = torch.tensor([0, 1, 2]), torch.tensor([0, 1]), torch.tensor([1.0, 2.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "Sparse CSR tensor support is in beta state"
+        leaf = torch.sparse_csr_tensor(crow, col, values, (2, 100_000), requires_grad=True)
+    assert pinned_bytes(leaf.to_dense().sum()) == 3 * I64 + 2 * I64 + 2 * F32
+
+
+def test_pinned_bytes_meta_tensors_hold_nothing() -> None:
+    leaf = torch.empty(1 << 26, device="meta", requires_grad=True)  # 256 MiB on paper, 0 bytes real
+    assert pinned_bytes(leaf.exp()) == 0  # the leaf and exp's saved result: both meta
+    assert pinned_bytes({"a": leaf.sum(), "b": leaf.tanh()}) == 0
+
+
+def test_pinned_bytes_freed_storage_counts_zero() -> None:
+    x = torch.randn(256, requires_grad=True)
+    y = x.exp()  # saves its result
+    assert pinned_bytes(y) == 2 * 256 * F32
+    y.untyped_storage().resize_(0)  # what Megatron's deallocate_output_tensor and FSDP do to free memory
+    freed = pinned_bytes(y)  # (an assert on the call would show y on failure: printing it would crash)
+    assert freed == 256 * F32  # the freed saved result no longer counts; the leaf does
+
+
+class _Payload(torch.Tensor):
+    """A float32 wrapper subclass whose data is a uint8 ``payload`` (as quantized tensors keep theirs)."""
+
+    payload: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, payload: torch.Tensor, requires_grad: bool = False) -> _Payload:
+        t = torch.Tensor._make_wrapper_subclass(cls, payload.shape, dtype=torch.float32, requires_grad=requires_grad)
+        t.payload = payload
+        return t
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def unwrap(t: Any) -> Any:
+            return t.payload.float() if isinstance(t, _Payload) else t
+
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+
+
+class _FlatPayload(_Payload):
+    """The same, traceable: it names its payload in ``__tensor_flatten__``."""
+
+    def __tensor_flatten__(self) -> tuple[list[str], None]:
+        return ["payload"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict[str, torch.Tensor], meta: None, size: Any, stride: Any) -> _FlatPayload:
+        return _FlatPayload(inner["payload"])
+
+
+@pytest.mark.parametrize("cls", [_FlatPayload, _Payload], ids=["tensor_flatten", "attributes"])
+def test_pinned_bytes_wrapper_subclass_counts_its_payload(cls: type[_Payload]) -> None:
+    leaf = cls(torch.zeros(1000, dtype=torch.uint8), requires_grad=True)
+    assert is_traceable_wrapper_subclass(leaf) == (cls is _FlatPayload)
+    assert pinned_bytes(leaf.sum()) == 1000  # the uint8 payload, not 1000 x float32
+
+
+def test_pinned_bytes_jagged_nested_tensor_counts_its_components() -> None:
+    parts = [torch.randn(2, 3), torch.randn(4, 3), torch.randn(1, 3)]
+    leaf = torch.nested.nested_tensor(parts, layout=torch.jagged, requires_grad=True)
+    components = [getattr(leaf, name) for name in leaf.__tensor_flatten__()[0]]
+    assert components[0].shape == (7, 3) and components[1].shape == (4,)  # values and offsets first
+    expected = sum(c.untyped_storage().nbytes() for c in components)
+    assert expected >= 7 * 3 * F32 + 4 * I64
+    assert pinned_bytes(leaf.sin()) == expected  # sin saves the leaf itself: counted once
+
+
+# --------------------------------------------------------------------------------------------------
 # unreached_params
 # --------------------------------------------------------------------------------------------------
 
@@ -301,7 +401,7 @@ def test_unreached_params_all_reached() -> None:
     x = torch.randn(4, 3)
     h = m.frozen(x)
     loss = m.policy(h).sum() + m.value(h).sum()
-    assert unreached_params(loss, m.named_parameters()) == []
+    assert unreached_params(loss, m.named_parameters()) == Unreached()
 
 
 def test_unreached_params_reports_missing() -> None:
@@ -311,17 +411,17 @@ def test_unreached_params_reports_missing() -> None:
     policy_out = m.policy(x).detach()
     loss = m.value(x).sum() + policy_out.sum()
     assert loss.requires_grad
-    assert sorted(unreached_params(loss, m.named_parameters())) == ["policy.bias", "policy.weight"]
+    assert sorted(unreached_params(loss, m.named_parameters()).missing) == ["policy.bias", "policy.weight"]
 
 
 def test_unreached_params_ignores_frozen_and_empty() -> None:
     m = TwoHeads()
     loss = m.value(torch.randn(2, 3)).sum()
-    names = unreached_params(loss, m.named_parameters())
+    names = unreached_params(loss, m.named_parameters()).missing
     assert "frozen.weight" not in names and "frozen.bias" not in names
     assert sorted(names) == ["policy.bias", "policy.weight"]
-    assert unreached_params(loss, m.frozen.named_parameters()) == []
-    assert unreached_params(loss, []) == []
+    assert unreached_params(loss, m.frozen.named_parameters()) == Unreached()
+    assert unreached_params(loss, []) == Unreached()
 
 
 def test_unreached_params_through_checkpoint() -> None:
@@ -329,4 +429,4 @@ def test_unreached_params_through_checkpoint() -> None:
     x = torch.randn(2, 3, requires_grad=True)
     out = checkpoint(m.policy, x, use_reentrant=False)
     loss = out.sum()
-    assert sorted(unreached_params(loss, m.named_parameters())) == ["value.bias", "value.weight"]
+    assert sorted(unreached_params(loss, m.named_parameters()).missing) == ["value.bias", "value.weight"]

@@ -38,7 +38,9 @@ _loss_check = LossCheck("requires_grad", on_violation="warn", name="megatron los
 def configure(*, loss_check: str = "warn") -> None:
     """What a last-stage loss that does not require grad does: ``"warn"`` (default), ``"raise"``, ``"off"``."""
     global _loss_check
-    _loss_check = LossCheck("requires_grad", on_violation=loss_check, name="megatron loss_func loss", what="loss_check")
+    _loss_check = LossCheck(
+        "requires_grad", on_violation=loss_check, name="megatron loss_func loss", on_violation_option="loss_check"
+    )
 
 
 def _guard_store(store: Any) -> Any:
