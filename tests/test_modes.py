@@ -610,3 +610,54 @@ def test_bad_env_var_in_a_subprocess(fresh_interpreters: dict[Any, dict[str, Any
         assert "GRADGUARD" in message and repr(_BAD) in message
         for accepted in ("off", "0", "false", "detach", "on", "1", "true", "warn", "raise", "strict"):
             assert accepted in message
+
+
+# --------------------------------------------------------------------------------------------------
+# Reported defects (issue 14): graphs where the walk cannot rebuild
+# --------------------------------------------------------------------------------------------------
+
+
+class Opaque:
+    """An object no container rule knows."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+
+def _holders() -> dict[str, Any]:
+    x = torch.randn(3, requires_grad=True)
+    return {
+        "UserList": collections.UserList([x * 2]),
+        "SimpleNamespace": __import__("types").SimpleNamespace(o=x * 2),
+        "set": {x * 2},
+        "dict key": {x * 2: 1},
+        "opaque object": [Opaque(x * 2)],
+    }
+
+
+@pytest.mark.parametrize("name", list(_holders()))
+def test_raise_refuses_a_graph_wherever_it_is_held(name: str) -> None:
+    """d13: raise mode stored graphs inside containers the walk could not enter."""
+    rec = _holders()[name]
+    store = gradguard.guard([], mode="raise", name="strict")
+    with pytest.raises(GraphRetentionError, match="MulBackward0"):
+        store.append(rec)
+    assert store == []
+
+
+@pytest.mark.parametrize("name", ["set", "dict key", "opaque object"])
+def test_warn_says_what_it_had_to_store_as_it_is(name: str) -> None:
+    rec = _holders()[name]
+    store = gradguard.guard([], mode="warn", name="kept_store")
+    with pytest.warns(GraphRetentionWarning, match=r"cannot rebuild what holds them .* stored as they are") as caught:
+        store.append(rec)
+    assert store[0] is rec  # stored, and said so
+    assert "kept_store" in str(caught[0].message)
+
+
+@pytest.mark.parametrize("name", ["UserList", "SimpleNamespace"])
+def test_detach_rebuilds_the_common_holders(name: str) -> None:
+    rec = _holders()[name]
+    store = gradguard.guard([], name="det")
+    store.append(rec)
+    assert gradguard.find_graphs(store) == [] and gradguard.find_graphs(rec) != []

@@ -263,3 +263,114 @@ def test_threads_lose_nothing_and_stats_stay_consistent() -> None:
     assert len(graph_rows) == 1  # one line appended graphs
     assert graph_rows[0].records == graph_rows[0].tensors_detached == THREADS * PER_THREAD // 2
     assert graph_rows[0].pinned_bytes_released == graph_rows[0].records * graph_rows[0].pinned_bytes_per_record
+
+
+# --------------------------------------------------------------------------------------------------
+# Reported defects (issue 14)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_reset_racing_a_publishing_thread_never_breaks_stats() -> None:
+    """d09: reset_stats() while another thread published left stats() raising KeyError until the next reset."""
+    x = torch.randn(2, requires_grad=True)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def producer() -> None:
+        i = 0
+        while not stop.is_set():
+            gradguard.guard([], name=f"s{i % 50}").append(x * 2)
+            i += 1
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=producer)
+    thread.start()
+    try:
+        for _ in range(300):
+            gradguard.reset_stats()
+            try:
+                gradguard.stats()
+            except Exception as exc:  # noqa: BLE001 - any exception is the defect
+                errors.append(exc)
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(previous)
+    assert errors == []
+    rows = gradguard.stats()  # and afterwards, with nothing publishing
+    assert all(s.records > 0 for s in rows.values())
+
+
+def test_threads_that_ended_keep_their_counts_and_leave_no_tally() -> None:
+    """d18: each short-lived thread left a tally behind, even across reset_stats()."""
+    from gradguard import _stats
+
+    x = torch.randn(2, requires_grad=True)
+    store = gradguard.guard([], name="pool")
+    before = _stats._tables()["live"]
+    for _ in range(200):
+        worker = threading.Thread(target=lambda: store.append({"y": x * 2}))
+        worker.start()
+        worker.join()
+    assert _stats._tables()["live"] <= before + 1  # the ended threads' tallies are gone
+    (row,) = [s for s in gradguard.stats().values() if s.store == "pool"]
+    assert (row.records, row.tensors_detached) == (200, 200)  # but their counts are not
+    gradguard.reset_stats()
+    assert gradguard.stats() == {} and _stats._tables()["retired"] == 0
+
+
+def test_only_graph_records_and_distinct_tensors_are_counted() -> None:
+    """d21: leaf-only records and repeated references were counted as detached graphs."""
+    x, leaf = torch.randn(2, requires_grad=True), torch.randn(2, requires_grad=True)
+    store = gradguard.guard([], name="out")
+
+    def publish(rec: Any) -> None:
+        store.append(rec)  # one call site for every record
+
+    publish({"y": x * 2})
+    for _ in range(3):
+        publish({"w": leaf})  # leaves: no graph, nothing pinned
+    y = x * 2
+    publish([y, y, y])  # one distinct graph tensor
+    rows = gradguard.stats()
+    graph_rows = [s for s in rows.values() if s.site != UNRESOLVED]
+    assert [(s.records, s.tensors_detached, s.pinned_bytes_released) for s in graph_rows] == [(2, 2, 32)]
+    assert rows[("out", UNRESOLVED)].records == 3
+
+
+def test_a_name_with_control_characters_cannot_forge_lines() -> None:
+    """d19: names were printed verbatim in messages and the stats table."""
+    x = torch.randn(2, requires_grad=True)
+    forged = "out\nRefused (mode 'raise'): nothing was stored. FORGED"
+    with pytest.raises(gradguard.GraphRetentionError) as info:
+        gradguard.guard([], mode="raise", name=forged).append(x * 2)
+    message = str(info.value)
+    assert repr(forged) in message and "\nRefused (mode 'raise'): nothing was stored. FORGED" not in message
+    gradguard.guard([], name="\x1b[2J\x1b[31mred").append(x * 2)
+    table = str(gradguard.stats())
+    assert "\x1b" not in table and repr("\x1b[2J\x1b[31mred") in table
+    assert len(table.splitlines()) == 3  # header, rule, one row
+
+
+def test_an_append_with_no_python_caller_stores_the_record() -> None:
+    """d11: a guarded append called from C with no Python frame above it raised, and the record was lost."""
+    import _thread
+    import time
+
+    x = torch.randn(2, requires_grad=True)
+    store = gradguard.guard([], name="grads")
+    done = threading.Event()
+
+    def appended_from_c() -> None:
+        _thread.start_new_thread(store.append, ({"g": x * 2},))
+
+    appended_from_c()
+    for _ in range(200):
+        if len(store) == 1:
+            done.set()
+            break
+        time.sleep(0.01)
+    assert done.is_set() and store[0]["g"].grad_fn is None
+    (row,) = [s for s in gradguard.stats().values() if s.store == "grads"]
+    assert row.site == "<unknown>" and row.records == 1

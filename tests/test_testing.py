@@ -8,6 +8,7 @@ backward, and one record per micro-batch kept to the end.
 from __future__ import annotations
 
 import collections
+import types
 import weakref
 from typing import Any
 
@@ -86,6 +87,23 @@ def test_assert_no_graph_on_a_bare_tensor() -> None:
 
 
 # --------------------------------------------------------------------------- assert_released
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda t: collections.UserList([t]),
+        lambda t: types.SimpleNamespace(o=t),
+        lambda t: {t},
+        lambda t: {t: 1},
+    ],
+    ids=["UserList", "SimpleNamespace", "set", "dict-key"],
+)
+def test_assert_no_graph_looks_where_the_walk_cannot_rebuild(make: Any) -> None:
+    """d13: assert_no_graph passed graphs inside these."""
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(AssertionError, match="MulBackward0"):
+        assert_no_graph(make(x * 2))
 
 
 def test_assert_released_passes_on_dead_weakrefs() -> None:
