@@ -19,8 +19,10 @@
 #   --cpu      every step on the CPU at a small size, files named bench-cpu.*: the check of the
 #              script itself on a machine without a GPU (tests/test_device_script.py runs it)
 #
+# .whl/ is git-ignored: whatever copies this tree to the GPU machine must bring it along (2.3 MiB).
+#
 # Environment: PYTHON (default python3), GRADGUARD_WHEELS (default .whl), GRADGUARD_SITE (where the
-# wheels are installed; default a fresh temporary folder).
+# wheels are installed; default a fresh temporary folder), GRADGUARD_DEVICE_BUDGET_S (default 450).
 set -uo pipefail
 
 usage() {
