@@ -386,7 +386,9 @@ class GPTSchedule:
                 post_process=True,
                 share_embeddings_and_output_weights=False,
             )
-        return model.to(self.device)
+        # torch's LayerNorm ignores params_dtype; for bf16/fp16 Megatron-LM casts the whole model
+        # (Float16Module), and so does this
+        return model.to(device=self.device, dtype=size.dtype)
 
     def _forward_step_func(
         self, after_microbatch: Callable[[], None], data_iterator: Iterator[int], model: Any

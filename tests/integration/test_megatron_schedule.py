@@ -137,6 +137,21 @@ def calc_loss_call_line() -> int:
     return start + i
 
 
+@pytest.mark.integration
+def test_bf16_casts_the_whole_model_and_pins_the_bf16_buffer(mg: ModuleType) -> None:
+    """As Megatron-LM's Float16Module does (torch's LayerNorm ignores params_dtype); the seed preset is bf16."""
+    size = Size(seq=32, batch=2, hidden=64, vocab=128, dtype=torch.bfloat16)
+    harness = mg.GPTSchedule("cpu", size)
+    assert {p.dtype for p in harness.model.parameters()} == {torch.bfloat16}
+    harness.run(2)
+    store, probe = measure(harness, 4)
+    assert mg.pin_bytes(size) == PIN // 2 and mg.record_bytes(size) == RECORD  # the record is float32
+    assert steps(probe) == [PIN // 2 + RECORD] * 3
+    with gradguard.enforce(engines=["megatron"]):
+        store, probe = measure(harness, 4)
+    assert steps(probe) == [RECORD] * 3
+
+
 # --------------------------------------------------------------------------------------------------
 # enforce() entered before megatron is imported (a fresh interpreter)
 # --------------------------------------------------------------------------------------------------
