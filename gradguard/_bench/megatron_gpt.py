@@ -223,8 +223,11 @@ class _CPURedirect(TorchFunctionMode):
 
 
 @contextmanager
-def _cuda_named(where: str) -> Iterator[None]:
-    """Re-raise torch's CPU-build CUDA errors as a GradGuardError naming the megatron-core line."""
+def _cuda_named(where: str, cpu: bool = True) -> Iterator[None]:
+    """On a CPU run, re-raise torch's CUDA errors as a GradGuardError naming the megatron-core line."""
+    if not cpu:  # a CUDA run's own CUDA errors (out of memory, ...) pass as they are
+        yield
+        return
     try:
         yield
     except GradGuardError:
@@ -338,7 +341,7 @@ class GPTSchedule:
         self._schedules = _import_megatron()
         self._cpu = self.device.type == "cpu"
         self.cuda_lines = check_schedule_cuda_lines(self._schedules) if self._cpu else {}
-        with _cuda_named("building the GPTModel"):
+        with _cuda_named("building the GPTModel", self._cpu):
             self.model: Any = self._build(layers, seed)  # a GPTModel (megatron-core is untyped)
         self._mask = torch.ones(1, 1, size.seq, size.seq, dtype=torch.bool, device=self.device).triu(1)
         self.redirected = 0  # calls of the redirected line, over every run
@@ -428,7 +431,7 @@ class GPTSchedule:
         config.finalize_model_grads_func = finalize
         redirect = self._redirect() if self._cpu else None
         try:
-            with _cuda_named(f"running {ENTRY}"), redirect or _nothing():
+            with _cuda_named(f"running {ENTRY}", self._cpu), redirect or _nothing():
                 store: list[Any] = self._schedules.forward_backward_no_pipelining(
                     forward_step_func=partial(self._forward_step_func, after),
                     data_iterator=iter(range(micro_batches)),

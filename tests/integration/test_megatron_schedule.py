@@ -308,7 +308,7 @@ def test_each_cpu_accommodation_is_needed(mg: ModuleType, without: str) -> None:
 
     harness = mg.GPTSchedule("cpu", SIZE)
     if without == "redirect":
-        harness._cpu = False  # run the schedule as it is
+        harness._redirect = lambda: mg._CPURedirect(None, 0)  # a redirect that matches no call
         where = rf"schedules\.py:{harness.cuda_lines[(mg.ENTRY, mg.REDIRECTED)]} \({mg.ENTRY}\)"
     elif without == "score buffer":
         del parallel_state.get_global_memory_buffer().buffer[("mpu", SIZE.dtype)]
