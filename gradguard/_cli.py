@@ -42,7 +42,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     bench = sub.add_parser("bench", help="per-micro-batch memory growth, unguarded vs guarded")
     bench.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when present")
-    bench.add_argument("--scenario", action="append", help="pp-last-stage, lora-checkpoint (default: all)")
+    bench.add_argument(
+        "--scenario",
+        action="append",
+        help="pp-last-stage, lora-checkpoint (the default: both), megatron-gpt (needs megatron-core)",
+    )
     bench.add_argument("--micro-batches", type=int, default=None, help="micro-batches per run (default 32)")
     bench.add_argument(
         "--preset", choices=("seed-pp4",), help="seed-pp4: ~45.4 MiB pinned per micro-batch × 1024 (CUDA)"
@@ -50,6 +54,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("--json", metavar="PATH", type=_output, help="write the results as JSON")
     bench.add_argument("--plot", metavar="PATH", type=_output, help="write a PNG plot (needs matplotlib)")
     bench.add_argument("--te", action="store_true", help="also run the Transformer Engine block (needs TE and CUDA)")
+    bench.add_argument(
+        "--memory-cap",
+        type=float,
+        metavar="GIB",
+        help="stop a run once its allocated memory passes GIB (default on CUDA: 85%% of the device's memory)",
+    )
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.add_argument(
         "--threads",
@@ -117,7 +127,13 @@ def _bench(args: argparse.Namespace) -> int:
         micro_batches = args.micro_batches
     for name in names:
         if name not in SCENARIOS:
-            return _fail(f"unknown scenario {name!r}; known: pp-last-stage, lora-checkpoint")
+            return _fail(f"unknown scenario {name!r}; known: pp-last-stage, lora-checkpoint, megatron-gpt")
+        if name == "megatron-gpt":
+            from ._bench.megatron_gpt import unavailable
+
+            reason = unavailable()
+            if reason:
+                return _fail(f"--scenario megatron-gpt needs megatron-core: {reason}")
         if name == "pp-last-stage-te":
             # Named directly (not through --te): without TE this is a refusal, not an ImportError traceback.
             reason = _te_unavailable(device)
@@ -130,6 +146,12 @@ def _bench(args: argparse.Namespace) -> int:
         elif "pp-last-stage-te" not in names:
             names.append("pp-last-stage-te")
 
+    if args.memory_cap is not None and args.memory_cap <= 0:
+        return _fail(f"--memory-cap must be a positive number of GiB, got {args.memory_cap:g}")
+    cap = None if args.memory_cap is None else int(args.memory_cap * 2**30)
+    if cap is None and device.type == "cuda":
+        cap = int(0.85 * torch.cuda.get_device_properties(device).total_memory)
+
     tick, close = _progress(len(names) * 2 * micro_batches, args.no_progress)
     report: dict[str, Any] = {
         "device": str(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
@@ -139,7 +161,7 @@ def _bench(args: argparse.Namespace) -> int:
     }
     try:
         for name in names:
-            report["scenarios"][name] = run_scenario(name, device, size, micro_batches, tick)
+            report["scenarios"][name] = run_scenario(name, device, size, micro_batches, tick, cap)
     finally:
         close()
     print(f"machine: {report['machine']}")

@@ -110,3 +110,25 @@ def test_peft_lora() -> None:
     assert "embedding-output leaves still alive: 0/8" in guarded, out
     assert "LoRA grads bitwise equal (torch.equal): True" in out, out
     assert "OK: the guard stopped the per-micro-batch growth" in out, out
+
+
+@pytest.mark.integration
+def test_megatron_gpt_schedule() -> None:
+    require_engine("megatron.core.pipeline_parallel.schedules")
+    out = run_example("megatron_gpt_schedule.py")
+    plain = section(out, "without gradguard:", "inside gradguard.enforce()")
+    guarded = section(out, "inside gradguard.enforce()", "what the guard did")
+    pin, record = 2 * 64 * 2 * 128 * 4, 2 * 2 * 64 * 4  # receive buffer + .grad; log_probs + entropy
+    assert f"the receive buffer [64, 2, 128] float32 and its .grad = {pin:,} B" in out, out
+    assert "forward_data_store: 32 tensors carry a graph ['entropy'] ['log_probs']" in plain, out
+    assert f"(MemoryProbe): {pin + record:,} B = {pin:,} pinned + {record:,} record" in plain, out
+    assert f"(gradguard.pinned_bytes): {16 * pin:,} bytes" in plain, out
+    assert "receive buffers still alive: 16/16" in plain, out
+    assert "forward_data_store: 0 tensors carry a graph" in guarded, out
+    assert f"(MemoryProbe): {record:,} B = 0 pinned + {record:,} record" in guarded, out
+    assert "(gradguard.pinned_bytes): 0 bytes" in guarded, out
+    assert "receive buffers still alive: 0/16" in guarded, out
+    assert re.search(r"megatron\.forward_data_store\s+\S+schedules\.py:\d+\s+16\s+32\s", out), out  # the stats row
+    assert 'device="cuda")` to the CPU, 3 time(s) (once per schedule call), nothing else' in out, out
+    assert "losses equal: True; records equal: True; parameter grads bitwise equal (torch.equal): True" in out, out
+    assert "OK: the guard released every graph and changed no gradient" in out, out

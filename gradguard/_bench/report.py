@@ -24,7 +24,13 @@ def verdicts(result: dict[str, Any]) -> list[tuple[str, bool, str]]:
             f"{leak / MiB:.3f} MiB vs {pin / MiB:.3f} MiB",
         ),
         ("guarded growth ≤ record + 1% of pin", extra <= 0.01 * pin, f"extra {extra:.1f} B/micro-batch"),
-        ("grads bitwise equal", bool(result["grads_equal"]), str(result["grads_equal"])),
+        (
+            "grads bitwise equal",
+            result["grads_equal"] is True,
+            "not compared: a run stopped at the memory cap"
+            if result["grads_equal"] is None
+            else str(result["grads_equal"]),
+        ),
         ("step time guarded/unguarded", True, f"{ratio:.3f}"),
     ]
 
@@ -51,6 +57,13 @@ def table(report: dict[str, Any]) -> str:
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     for name, r in report["scenarios"].items():
+        for run in ("unguarded", "guarded"):
+            x = r[run]
+            if "stopped_at_microbatch" in x:
+                lines.append(
+                    f"{name}: {run} run stopped after micro-batch {x['stopped_at_microbatch']}: allocated "
+                    f"{x['allocated_bytes'][-1] / 2**30:.2f} GiB > memory cap {x['memory_cap_bytes'] / 2**30:.2f} GiB"
+                )
         for check, ok, detail in verdicts(r):
             lines.append(
                 f"{name}: {check}: {detail}" + ("" if check.startswith("step") else (" ok" if ok else " FAIL"))

@@ -82,7 +82,10 @@ class Scenario:
     """One scenario, built for a device and size.
 
     ``step(i, store, guarded)`` runs micro-batch ``i`` and keeps its record in ``store``;
-    ``new_store(guarded)`` makes the store a run keeps its records in.
+    ``new_store(guarded)`` makes the store a run keeps its records in. A scenario whose engine loops
+    over the micro-batches itself gives ``run(n, guarded, after_microbatch)`` instead: it runs ``n``
+    micro-batches, calls ``after_microbatch()`` after each, and returns what it kept. ``engines``: the
+    engine adapters the guarded run enters ``gradguard.enforce(engines=...)`` with (none by default).
     """
 
     name: str
@@ -91,6 +94,8 @@ class Scenario:
     record_bytes_per_microbatch: int
     step: Callable[[int, Any, bool], None]
     new_store: Callable[[bool], Any]
+    engines: tuple[str, ...] = ()
+    run: Callable[[int, bool, Callable[[], None]], Any] | None = None
 
 
 class _TEBlock(nn.Module):
@@ -172,7 +177,14 @@ SCENARIOS: dict[str, Callable[[torch.device, Size], Scenario]] = {
     "pp-last-stage": _pp_last_stage,
     "lora-checkpoint": _lora_checkpoint,
     "pp-last-stage-te": lambda device, size: _pp_last_stage(device, size, te=True),
+    "megatron-gpt": lambda device, size: _megatron_gpt(device, size),
 }
+
+
+def _megatron_gpt(device: torch.device, size: Size) -> Scenario:
+    from .megatron_gpt import scenario  # imports megatron-core: only when asked for
+
+    return scenario(device, size)
 
 
 def build(name: str, device: torch.device, size: Size) -> Scenario:
