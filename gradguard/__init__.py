@@ -6,6 +6,8 @@ gradguard detaches what is published at that boundary, after the loss is compute
 the loss used for backward still requires grad.
 """
 
+from ._compile import skip_in_dynamo as _skip_in_dynamo
+from ._containers import register_container, unregister_container
 from ._contract import check_loss
 from ._enforce import enforce
 from ._errors import (
@@ -21,10 +23,7 @@ from ._policy import get_mode, set_mode
 from ._stats import SiteStats, Stats, reset_stats, stats
 from ._step import forward_step
 from ._store import guard, unwrap
-from ._containers import register_container, unregister_container
 from ._tree import GraphRecord, detach_tree, find_graphs
-
-from ._compile import skip_in_dynamo as _skip_in_dynamo
 
 _skip_in_dynamo()
 __version__ = "0.1.0"

@@ -93,8 +93,9 @@ def _fail(message: str) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import torch
 
+    from ._bench.machine import machine, machine_line
     from ._bench.report import plot, table, verdicts
-    from ._bench.runner import machine_line, run_scenario
+    from ._bench.runner import run_scenario
     from ._bench.scenarios import PRESETS, SCENARIOS, Size
 
     cuda = torch.cuda.is_available()
@@ -156,7 +157,7 @@ def _bench(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {
         "device": str(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
         "torch": torch.__version__,
-        "machine": machine_line(device),
+        "machine": machine_line(machine(device)),
         "scenarios": {},
     }
     try:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import threading
 import types
 import weakref
@@ -175,7 +176,7 @@ def _dict_base(cls: type) -> type:
 
 
 def _dict_spec(cls: type) -> Spec:
-    base = _dict_base(cls)
+    base: Any = _dict_base(cls)
     setitem = base.__setitem__
 
     def unflatten(children: list[Any], context: Any) -> Any:
@@ -265,7 +266,8 @@ def _sequence_keys(obj: Any, context: Any) -> list[str]:
 
 
 def _structseq_keys(obj: Any, context: Any) -> list[str]:
-    fields = getattr(context[0], "_fields", None) or getattr(context[0], "__match_args__", ())
+    cls = context[0]
+    fields: tuple[str, ...] = tuple(getattr(cls, "_fields", ()) or getattr(cls, "__match_args__", ()))
     n = context[2]
     return [f".{f}" for f in fields[:n]] + [f"[{i}]" for i in range(len(fields), n)]
 
@@ -328,7 +330,7 @@ def _pytree_spec(cls: type, node: Any) -> Spec:
     def keys(obj: Any, n: Any) -> list[str]:
         if node.flatten_with_keys_fn is not None:
             pairs, _ = node.flatten_with_keys_fn(obj)
-            return [_pytree.keystr([key]) for key, _ in pairs] + [".<pytree context>"]
+            return [_pytree.keystr((key,)) for key, _ in pairs] + [".<pytree context>"]
         return [f"[{i}]" for i in range(n)] + [".<pytree context>"]
 
     return Spec(f"{cls.__qualname__} (pytree)", flatten, unflatten, keys)
@@ -354,13 +356,18 @@ def spec_for(cls: type) -> Spec:
         spec = _resolve(cls)
         key = id(cls)
         try:
-            ref = weakref.ref(cls, lambda _, key=key: (_cache.pop(key, None), _cache_refs.pop(key, None)))
+            ref = weakref.ref(cls, functools.partial(_forget_class, key))
         except TypeError:
             return spec  # not weakly referenceable: not cached
         with _lock:
             _cache_refs[key] = ref
             _cache[key] = spec
     return spec
+
+
+def _forget_class(key: int, _: object) -> None:
+    _cache.pop(key, None)
+    _cache_refs.pop(key, None)
 
 
 def _resolve(cls: type) -> Spec:

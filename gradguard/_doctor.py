@@ -42,10 +42,7 @@ def _engine_status(adapter: engines.Adapter) -> str:
         return f"not installed; the adapter waits for {waits} (supports {adapter.package} {adapter.supported})"
     supported = adapter.supports(version)
     fit = {True: "supported", False: "OUTSIDE the supported range", None: "version not readable"}[supported]
-    return (
-        f"{adapter.package} {version} found, {fit} ({adapter.supported}); "
-        f"the adapter installs on import of {waits}"
-    )
+    return f"{adapter.package} {version} found, {fit} ({adapter.supported}); the adapter installs on import of {waits}"
 
 
 def doctor() -> int:

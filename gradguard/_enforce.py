@@ -79,7 +79,11 @@ class _EngineInstall(_Install):
             try:
                 current.instrument(module)
             except GradGuardError as exc:  # raising here would fail the user's import
-                warnings.warn(f"gradguard: the {self.adapter.name} adapter was not installed: {exc}", GradGuardWarning)
+                warnings.warn(
+                    f"gradguard: the {self.adapter.name} adapter was not installed: {exc}",
+                    GradGuardWarning,
+                    stacklevel=2,
+                )
 
     def uninstall(self) -> None:
         for name in sorted(self.instrumented):
@@ -112,7 +116,9 @@ class _StoreInstall(_Install):
                 f"stores target {self.target!r} is already patched by gradguard (an engine adapter patches it); "
                 f"cannot also guard {self.arg!r}"
             )
-        argument = Argument(func if isinstance(owner, type) else original, self.arg, what=f"stores target {self.target!r}")
+        argument = Argument(
+            func if isinstance(owner, type) else original, self.arg, what=f"stores target {self.target!r}"
+        )
         wrapper = _store_wrapper(f"{self.target}:{self.arg}", argument)
         _patch.install(owner, attr, wrapper)
         self.patched.append((owner, attr))

@@ -42,7 +42,8 @@ def human(n: int) -> str:
 def retention(store: str, site: str, graphs: list[GraphRecord], estimate: int, outcome: str) -> str:
     """The message for ``graphs`` that reached ``store`` from ``site``; ``outcome`` is a key of ``OUTCOMES``."""
     shown = "\n".join(
-        f"    {display(g.path) or '<the record itself>'}  {g.grad_fn}  shape={g.shape} {g.dtype}" for g in graphs[:_SHOWN]
+        f"    {display(g.path) or '<the record itself>'}  {g.grad_fn}  shape={g.shape} {g.dtype}"
+        for g in graphs[:_SHOWN]
     )
     more = f"\n    ... and {len(graphs) - _SHOWN} more" if len(graphs) > _SHOWN else ""
     fix = "Fix at the source: publish `.detach()`ed values *after* the loss is computed."

@@ -92,7 +92,9 @@ def _site(store: str, mode: Mode, record: Any) -> _stats.Count:
             _warn_once(store, site, "detached", find_graphs(record), estimate, frame)
         count, first = _stats.new_site(store, mode, frame, site, estimate)
         if first:
-            logger.debug("gradguard: first graph-carrying record at %s into %s (~%s pinned)", site, store, human(estimate))
+            logger.debug(
+                "gradguard: first graph-carrying record at %s into %s (~%s pinned)", site, store, human(estimate)
+            )
     return count
 
 

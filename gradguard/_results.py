@@ -19,7 +19,7 @@ from ._contract import LossCheck
 from ._errors import GradGuardError
 from ._policy import OFF, resolve
 from ._publish import publish
-from ._tree import _Walk
+from ._tree import substitute
 
 __all__ = ["Labels", "guard_loss_func", "guard_result", "with_items"]
 
@@ -56,7 +56,9 @@ def guard_result(result: Any, loss_key: Any, labels: Labels, check: LossCheck | 
         if type(loss_key) is not int or not -n <= loss_key < n:
             raise GradGuardError(f"{labels.label} returned {n} elements; loss={loss_key!r} is not an index of them")
         loss_key %= n
-        items: list[tuple[Any, Any]] = list(enumerate(list(result) if type(result) in (tuple, list) else _items(result)))
+        items: list[tuple[Any, Any]] = list(
+            enumerate(list(result) if type(result) in (tuple, list) else _items(result))
+        )
     elif isinstance(result, Mapping):
         if loss_key not in result:
             raise GradGuardError(f"{labels.label} returned a mapping without the loss key {safe_repr(loss_key)}")
@@ -102,30 +104,34 @@ def with_items(result: Any, changed: dict[Any, Any]) -> Any:
         return spec.unflatten(children, context)
     # A mapping whose items are not its structure (a user MutableMapping): rebuild it with the
     # changed item objects replaced wherever it holds them.
-    old = {id(result[key]): (result[key], value) for key, value in changed.items()}
-    return _substitute(result, old)
+    return substitute(result, {id(result[key]): (result[key], value) for key, value in changed.items()})
 
 
-def _substitute(obj: Any, replacements: dict[int, tuple[Any, Any]]) -> Any:
-    walk = _Walk(lambda t: t)
-    walk.memo.update(replacements)
-    return walk.visit(obj, 0)
-
-
-def guard_loss_func(loss_func: Callable[..., Any], labels: Labels, check: LossCheck | None) -> Callable[..., Any]:
+def guard_loss_func(
+    loss_func: Callable[..., Any], labels: Labels | None, check: LossCheck | None
+) -> Callable[..., Any]:
     """Megatron style: ``loss_func`` wrapped so its loss stays live and checked and the rest is published.
 
     ``loss_func(output, non_loss_data=True)`` (Megatron's ``collect_non_loss_data``) returns data,
-    not a loss: all of it is published.
+    not a loss: all of it is published, unchecked. With ``labels=None`` nothing is published, only
+    the loss checked: the engine adapter guards the store the report goes to instead. A function
+    already wrapped so is returned as it is.
     """
+    if getattr(loss_func, "__gradguard_loss_func__", False):
+        return loss_func
 
     def guarded_loss_func(*args: Any, **kwargs: Any) -> Any:
         out = loss_func(*args, **kwargs)
         if kwargs.get("non_loss_data"):
-            return publish(out, labels.label)
+            return out if labels is None else publish(out, labels.label)
         if isinstance(out, (tuple, list)) and len(out) >= 2:
+            if labels is None:
+                if check is not None:
+                    check(out[0])
+                return out
             return guard_result(out, 0, labels, check)
         return out
 
     guarded_loss_func.__wrapped__ = loss_func  # type: ignore[attr-defined]
+    guarded_loss_func.__gradguard_loss_func__ = True  # type: ignore[attr-defined]
     return guarded_loss_func

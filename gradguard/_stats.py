@@ -19,6 +19,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from . import _table
 from ._message import display, human
 from ._policy import Mode
 
@@ -66,10 +67,7 @@ class Stats(dict[tuple[str, str], SiteStats]):
             (display(s.store), display(s.site), str(s.records), str(s.tensors_detached), human(s.pinned_bytes_released))
             for s in self.values()
         ]
-        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
-        lines.insert(1, "  ".join("-" * w for w in widths))
-        return "\n".join(lines)
+        return _table.text(header, rows)
 
 
 class _Row:
@@ -224,8 +222,8 @@ def stats() -> Stats:
         row.records += records
         row.tensors_detached += tensors
     for count in counts:
-        site = count.row
-        row = rows.setdefault((site.store, site.site), SiteStats(site.store, site.site, 0, 0, site.estimate))
+        r = count.row
+        row = rows.setdefault((r.store, r.site), SiteStats(r.store, r.site, 0, 0, r.estimate))
         row.records += count.records
         row.tensors_detached += count.tensors
     for clean in cleans:

@@ -72,7 +72,12 @@ def forward_step(
         flag = _flag(func, forward_only)
 
         def guarded(result: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            if isinstance(result, (tuple, list)) and len(result) == 2 and callable(result[1]) and not callable(result[0]):
+            if (
+                isinstance(result, (tuple, list))
+                and len(result) == 2
+                and callable(result[1])
+                and not callable(result[0])
+            ):
                 return with_items(result, {1: guard_loss_func(result[1], loss_func_labels, loss_check)})
             checking = loss_check
             if checking is not None:
@@ -83,7 +88,9 @@ def forward_step(
 
         if how == "coroutine":
 
-            def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            def wrapper(
+                wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+            ) -> Any:
                 async def step() -> Any:
                     return guarded(await wrapped(*args, **kwargs), instance, args, kwargs)
 
@@ -91,7 +98,9 @@ def forward_step(
 
         else:
 
-            def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            def wrapper(
+                wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+            ) -> Any:
                 return guarded(wrapped(*args, **kwargs), instance, args, kwargs)
 
         return function_wrapper(func, wrapper)

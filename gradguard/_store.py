@@ -242,7 +242,7 @@ class _GuardedDefaultDict(_Store, _MappingWays, collections.defaultdict):  # typ
         return collections.defaultdict(self.default_factory, dict.items(self))
 
 
-_REAL: dict[type, type] = {
+_REAL: dict[type, Any] = {
     list: _GuardedList,
     dict: _GuardedDict,
     collections.OrderedDict: _GuardedOrderedDict,
@@ -255,7 +255,7 @@ def _new_store(items: Any, publisher: _Publisher) -> Any:
     """A real store of ``type(items)`` holding ``items`` published through ``publisher`` (all or nothing)."""
     base = type(items)
     cls = _REAL[base]
-    store = cls.__new__(cls)
+    store: Any = cls.__new__(cls)
     store._publisher = publisher
     if not items and base is not collections.defaultdict:
         base.__init__(store, *(() if base is not collections.deque else ((), items.maxlen)))
@@ -449,19 +449,22 @@ def _store_unflatten(children: list[Any], store: Any) -> Any:
 register_internal(_Store, Spec("guarded store", _store_flatten, _store_unflatten, lambda o, c: [""]))
 register_internal(_InPlace, Spec("guarded store", _store_flatten, _store_unflatten, lambda o, c: [""]))
 
+
 def _pytree_flatten(store: Any) -> tuple[list[Any], Any]:
     """Children: the items; context: the options and the shape of the plain container (keys, factory, maxlen)."""
+    publisher = store._publisher
     base = type(store).__mro__[-2] if not isinstance(store, dict) else _dict_base_of(store)
     if isinstance(store, dict):
         keys = list(dict.keys(store))
         extra = store.default_factory if isinstance(store, collections.defaultdict) else None
-        return [dict.__getitem__(store, k) for k in keys], (store._publisher, base, keys, extra)
-    return list(store), (store._publisher, base, None, getattr(store, "maxlen", None))
+        return [dict.__getitem__(store, k) for k in keys], (publisher, base, keys, extra)
+    return list(store), (publisher, base, None, getattr(store, "maxlen", None))
 
 
-def _pytree_unflatten(children: list[Any], context: Any) -> Any:
+def _pytree_unflatten(children: Iterable[Any], context: Any) -> Any:
     """A new store of the same kind and options, the children published into it."""
     publisher, base, keys, extra = context
+    children = list(children)
     if base is collections.defaultdict:
         plain: Any = collections.defaultdict(extra, zip(keys, children))
     elif keys is not None:

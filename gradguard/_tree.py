@@ -25,7 +25,7 @@ from . import _containers
 from ._containers import ATOM, OPAQUE, SEALED, TENSOR, Spec, object_state, spec_for
 from ._errors import GradGuardError
 
-__all__ = ["Detached", "GraphRecord", "detach", "detach_tree", "find_graphs", "iter_tensors", "map_tensors"]
+__all__ = ["Detached", "GraphRecord", "detach", "detach_tree", "find_graphs", "iter_tensors", "map_tensors", "substitute"]
 
 _Tensor = torch.Tensor
 _MAX_DEPTH = 100
@@ -71,6 +71,20 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     A tensor for which ``fn`` returns the same object leaves its containers untouched.
     """
     return _Walk(fn).visit(obj, 0)
+
+
+def substitute(obj: Any, replacements: dict[int, tuple[Any, Any]]) -> Any:
+    """``obj`` rebuilt with objects replaced wherever it holds them: ``{id(old): (old, new)}``.
+
+    The same exact rebuild and sharing as :func:`detach_tree`; nothing else is replaced.
+    """
+    walk = _Walk(_same)
+    walk.memo.update(replacements)
+    return walk.visit(obj, 0)
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 def _detach_tensor(t: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import _table
+
 __all__ = ["plot", "table", "verdicts"]
 
 MiB = 2**20
@@ -53,9 +55,7 @@ def table(report: dict[str, Any]) -> str:
                     f"{x['step_time_median_s'] * 1e3:.2f} ms",
                 )
             )
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in [header, *rows]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = _table.text(header, rows).splitlines()
     for name, r in report["scenarios"].items():
         for run in ("unguarded", "guarded"):
             x = r[run]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import gc
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -17,23 +15,7 @@ import gradguard
 from .._memory import MemoryMeter, slope
 from .scenarios import Size, build
 
-__all__ = ["machine_line", "run_scenario"]
-
-
-def machine_line(device: torch.device) -> str:
-    """Platform, CPU model, cores, accelerator, python and torch versions, in one line."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-
-    parts = [platform.platform(), cpu, f"{os.cpu_count()} cores"]
-    if device.type == "cuda":
-        parts.append(torch.cuda.get_device_name(device))
-    parts += [f"python {platform.python_version()}", f"torch {torch.__version__} ({torch.get_num_threads()} threads)"]
-    return ", ".join(parts)
+__all__ = ["run_scenario"]
 
 
 class _MemoryCapReached(Exception):

@@ -25,6 +25,7 @@ from .._contract import LossCheck
 from .._errors import GradGuardError
 from .._policy import DETACH, OFF, resolve
 from .._publish import publish
+from .._results import guard_loss_func
 from .._store import guard_in_place
 from . import _patch
 from ._adapter import Adapter
@@ -47,24 +48,9 @@ def _guard_store(store: Any) -> Any:
     return store if store is None else guard_in_place(store, STORE_NAME)
 
 
-def _call_checked(loss_func: Any, *args: Any, **kwargs: Any) -> Any:
-    outputs = loss_func(*args, **kwargs)
-    if not kwargs.get("non_loss_data") and isinstance(outputs, (tuple, list)) and outputs:
-        _loss_check(outputs[0])
-    return outputs
-
-
 def _checked_loss_func(loss_func: Any) -> Any:
-    """``loss_func`` wrapped to check the loss it returns."""
-    if loss_func is None or getattr(loss_func, "__gradguard_checked__", False):
-        return loss_func
-
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        return _call_checked(loss_func, *args, **kwargs)
-
-    checked.__gradguard_checked__ = True  # type: ignore[attr-defined]
-    checked.__wrapped__ = loss_func  # type: ignore[attr-defined]
-    return checked
+    """``loss_func`` wrapped to check the loss it returns (what it reports goes to the guarded store)."""
+    return loss_func if loss_func is None else guard_loss_func(loss_func, None, _loss_check)
 
 
 def _checked_forward_step_func(forward_step_func: Any) -> Any:
@@ -122,7 +108,11 @@ def _calc_loss_wrapper(func: Any) -> Any:
         else:
             args, kwargs = store_arg.replace(instance, args, kwargs, _guard_store)
             result = wrapped(*args, **kwargs)
-        if last and loss_func_arg.get(instance, args, kwargs) is not None and not non_loss_arg.get(instance, args, kwargs):
+        if (
+            last
+            and loss_func_arg.get(instance, args, kwargs) is not None
+            and not non_loss_arg.get(instance, args, kwargs)
+        ):
             _loss_check(result[0])  # a warning names the line that called forward_step_calc_loss
         return result
 
