@@ -1,40 +1,43 @@
-"""Shared test helpers.
+"""What every test shares: a clean gradguard state, checked on the way out, and engine imports.
 
-``require_engine(module)`` imports an engine for an integration test: a missing engine skips the test
-locally and fails it when ``GRADGUARD_REQUIRE_ENGINES=1`` (CI), so CI cannot go green by skipping.
+``_isolated`` (autouse) starts each test with no ``GRADGUARD``, no ``set_mode``, fresh stats and no
+enforce scope, and fails the test if it leaves an install, a patch or a mode behind.
+Helpers used across files live in ``_helpers.py`` (``require_engine`` among them).
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-import warnings
-from types import ModuleType
+from collections.abc import Iterator
 
 import pytest
 
 import gradguard
-from gradguard import _policy
-
-
-def require_engine(module: str) -> ModuleType:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # engines warn about optional CUDA extras on import
-            return importlib.import_module(module)
-    except Exception as exc:  # noqa: BLE001 - any import failure means the engine is unusable here
-        if os.environ.get("GRADGUARD_REQUIRE_ENGINES") == "1":
-            pytest.fail(f"{module} is required (GRADGUARD_REQUIRE_ENGINES=1) but failed to import: {exc!r}")
-        pytest.skip(f"{module} not importable: {exc!r}")
+from gradguard import _enforce, _policy
+from gradguard.engines import _patch
 
 
 @pytest.fixture(autouse=True)
-def _isolate_gradguard_state():
-    """Each test starts with no set_mode, fresh stats and a re-read GRADGUARD."""
+def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The default mode, nothing installed, fresh stats; and nothing left behind afterwards."""
+    monkeypatch.delenv("GRADGUARD", raising=False)
+    _policy._reload_env()
     gradguard.set_mode(None)
     gradguard.reset_stats()
-    _policy._reload_env()
+    assert _enforce.installed() == {}, "a previous test left an enforce() install behind"
+    patched = _patch.installed()
+    assert _policy.mode_source() == ("detach", "default"), "a previous test left a mode behind"
     yield
+    leftover_installs = _enforce.installed()
+    leftover_patches = _patch.installed() - patched
     gradguard.set_mode(None)
     gradguard.reset_stats()
+    monkeypatch.undo()
     _policy._reload_env()
+    assert leftover_installs == {}, f"the test left enforce() installs behind: {leftover_installs}"
+    assert leftover_patches == set(), f"the test left patches behind: {leftover_patches}"
+    assert _scope_left() is None, f"the test left an enforce() scope: {_scope_left()}"
+
+
+def _scope_left() -> str | None:
+    """The mode of an enforce() scope still entered in this context, if any."""
+    return _policy._enforced.get()

@@ -13,7 +13,6 @@ import contextlib
 import importlib.util
 import io
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -24,6 +23,7 @@ from typing import Any
 
 import pytest
 import torch
+from _helpers import env
 
 import gradguard
 from gradguard import engines
@@ -53,19 +53,8 @@ def _restore_torch_threads() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-def _env(**changes: str | None) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("GRADGUARD", None)
-    for key, value in changes.items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return env
-
-
-def _run(*argv: str, **env: str | None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), capture_output=True, text=True, env=_env(**env), timeout=120)
+def _run(*argv: str, **changes: str | None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, env=env(**changes), timeout=120)
 
 
 def _one_line_refusal(err: str) -> str:
@@ -84,7 +73,9 @@ def _check_doctor_report(out: str) -> None:
     assert lines[0] == f"gradguard {gradguard.__version__}, python {sys.version.split()[0]}"
     assert lines[1].startswith(f"torch {torch.__version__} (CUDA build: {torch.version.cuda or 'none'}, debug: ")
     assert re.fullmatch(r"CUDA: (not available|\d+ device\(s\), 0: .+)", lines[2])
-    assert re.fullmatch(r"Transformer Engine: (not installed \(.+\)|installed but does not import: .+|importable, version .+)", lines[3])
+    assert re.fullmatch(
+        r"Transformer Engine: (not installed \(.+\)|installed but does not import: .+|importable, version .+)", lines[3]
+    )
     engine_lines = [line for line in lines if line.startswith("engine ")]
     assert [line.split(":")[0] for line in engine_lines] == [f"engine {name}" for name in engines.KNOWN]
     for line in engine_lines:
@@ -114,7 +105,9 @@ def test_doctor_console_script_refuses_an_invalid_gradguard() -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_doctor_names_where_the_mode_comes_from(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_doctor_names_where_the_mode_comes_from(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("GRADGUARD", raising=False)
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
@@ -173,7 +166,9 @@ def test_bench_exit_status_and_table(bench: dict[str, Any]) -> None:
     assert bench["threads"] == 1  # --threads defaults to 1 on CPU
     out = bench["stdout"]
     assert out.startswith("machine: ")
-    assert re.search(r"^scenario\s+run\s+growth/mb\s+record/mb\s+pin/mb \(analytic\)\s+peak\s+step \(median\)", out, re.M)
+    assert re.search(
+        r"^scenario\s+run\s+growth/mb\s+record/mb\s+pin/mb \(analytic\)\s+peak\s+step \(median\)", out, re.M
+    )
     for name in ("pp-last-stage", "lora-checkpoint"):
         for run in ("unguarded", "guarded"):
             assert re.search(rf"^{name}\s+{run}\s+\d+\.\d+ MiB", out, re.M)
@@ -312,9 +307,15 @@ def test_unknown_scenario_refuses(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_te_scenario_named_directly_without_te_refuses(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "--device", "cpu", "--scenario", "pp-last-stage-te", "--micro-batches", "2", "--no-progress"]) == 2
+    assert (
+        main(["bench", "--device", "cpu", "--scenario", "pp-last-stage-te", "--micro-batches", "2", "--no-progress"])
+        == 2
+    )
     line = _one_line_refusal(capsys.readouterr().err)
-    assert line == "gradguard bench: --scenario pp-last-stage-te needs Transformer Engine: Transformer Engine runs on CUDA only"
+    assert (
+        line
+        == "gradguard bench: --scenario pp-last-stage-te needs Transformer Engine: Transformer Engine runs on CUDA only"
+    )
 
 
 @pytest.mark.parametrize("n", ["1", "0", "-3"])
@@ -348,7 +349,16 @@ def test_argparse_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bench_help_through_the_module() -> None:
     proc = _run(sys.executable, "-m", "gradguard", "bench", "--help")
     assert proc.returncode == 0, proc.stderr
-    for option in ("--device", "--scenario", "--micro-batches", "--preset", "--json", "--plot", "--te", "--no-progress"):
+    for option in (
+        "--device",
+        "--scenario",
+        "--micro-batches",
+        "--preset",
+        "--json",
+        "--plot",
+        "--te",
+        "--no-progress",
+    ):
         assert option in proc.stdout
     assert proc.stdout.startswith("usage: gradguard bench")
 

@@ -22,7 +22,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import require_engine
+from _helpers import require_engine
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_SH = REPO / "benchmarks" / "device" / "run.sh"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-import textwrap
 import threading
 import uuid
 from collections.abc import Iterator
@@ -21,10 +20,10 @@ import torch
 import wrapt
 
 import gradguard
-from gradguard import GradGuardError, GraphRetentionError, _enforce, _policy
+from gradguard import GradGuardError, GraphRetentionError, _enforce
 from gradguard.engines import _patch
 
-SCHEDULE_SOURCE = '''
+SCHEDULE_SOURCE = """
 import torch
 
 LEAF = torch.ones(3, requires_grad=True)
@@ -62,22 +61,7 @@ class Scheduler:
 
 class SubScheduler(Scheduler):
     pass
-'''
-
-
-@pytest.fixture(autouse=True)
-def _clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Default mode, nothing installed before; each test must leave nothing installed after."""
-    monkeypatch.delenv("GRADGUARD", raising=False)
-    _policy._reload_env()
-    assert _enforce.installed() == {}, "a previous test leaked an enforce install"
-    patched_before = dict(_patch._patched)
-    assert _policy._enforced.get() is None
-    yield
-    assert _policy._enforced.get() is None
-    assert _enforce.installed() == {}
-    assert _patch._patched == patched_before
-    _policy._reload_env()
+"""
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import require_engine
+from _helpers import require_engine
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TIMEOUT_S = 300  # each takes seconds; a loaded CI runner gets plenty of slack
@@ -24,9 +24,15 @@ def run_example(name: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "GRADGUARD"}
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / name)],
-        capture_output=True, text=True, timeout=TIMEOUT_S, cwd=EXAMPLES.parent, env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=EXAMPLES.parent,
+        env=env,
     )
-    assert proc.returncode == 0, f"{name} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    assert proc.returncode == 0, (
+        f"{name} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    )
     return proc.stdout
 
 
@@ -56,7 +62,9 @@ def test_verl_style_engine() -> None:
     assert "embedding-output leaves still alive: 0/8" in guarded, out
     assert "losses equal: True; parameter grads bitwise equal (torch.equal): True" in out, out
     assert "lm_head gets no gradient: True" in out, out
-    assert re.search(r"raised LossContractError:\n .*reaches none of these trainable parameters: lm_head\.weight, lm_head\.bias", out), out
+    assert re.search(
+        r"raised LossContractError:\n .*reaches none of these trainable parameters: lm_head\.weight, lm_head\.bias", out
+    ), out
     assert "OK: the guard released every graph" in out, out
 
 

@@ -27,7 +27,6 @@ LEAF_BYTES = BATCH * SEQ * HIDDEN * 4  # the embedding output, float32
 PINNED_PER_MICRO_BATCH = LEAF_BYTES + LEAF_BYTES  # the leaf and its .grad
 
 
-
 class Model(nn.Module):
     def __init__(self) -> None:
         super().__init__()

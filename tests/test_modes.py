@@ -11,12 +11,13 @@ import subprocess
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
+import _helpers
 import pytest
 import torch
 import wrapt
+from _helpers import clean, lineno
 
 import gradguard
 from gradguard import GradGuardError, GraphRetentionError, GraphRetentionWarning, _policy
@@ -25,34 +26,9 @@ HERE = os.path.abspath(__file__)
 LEAF_BYTES = 1024 * 4  # float32 leaf of 1024 elements: what one record below pins (4.0 KiB)
 
 
-@pytest.fixture(autouse=True)
-def _clean_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No GRADGUARD, no set_mode, no stats, no enforce scope: each test starts at the default."""
-    monkeypatch.delenv("GRADGUARD", raising=False)
-    _policy._reload_env()
-    previous = gradguard.set_mode(None)
-    gradguard.reset_stats()
-    assert _policy._enforced.get() is None
-    yield
-    gradguard.set_mode(previous)
-    gradguard.reset_stats()
-    monkeypatch.delenv("GRADGUARD", raising=False)
-    _policy._reload_env()
-
-
-def lineno() -> int:
-    """The caller's current line number."""
-    return sys._getframe(1).f_lineno
-
-
 def record(value: float = 1.0) -> dict[str, Any]:
-    """A verl-style record whose ``log_probs`` carries ``AddBackward0`` over a fresh 4 KiB leaf."""
-    leaf = torch.full((1024,), value, requires_grad=True)
-    return {"loss": value, "model_output": {"log_probs": leaf + 1, "entropy": torch.zeros(2)}}
-
-
-def clean(value: float = 1.0) -> dict[str, Any]:
-    return {"loss": value, "model_output": {"log_probs": torch.zeros(3)}}
+    """``log_probs`` carries ``AddBackward0`` over a fresh 4 KiB leaf; ``entropy`` is clean."""
+    return _helpers.record(value, 1024, entropy=False)
 
 
 def carries_graph(obj: Any) -> bool:
@@ -356,23 +332,16 @@ def test_resolution_order(monkeypatch: pytest.MonkeyPatch) -> None:
     assert gradguard.get_mode() == "raise" and _stored(follows) == "raise"
     assert _policy.mode_source() == ("raise", "set_mode")
 
-    token = _policy._push_enforced("off")  # enforce > set_mode
-    try:
+    with gradguard.enforce(mode="off", engines="none"):  # enforce > set_mode
         assert gradguard.get_mode() == "off" and _stored(follows) == "off"
         assert _policy.mode_source() == ("off", "enforce")
         assert _stored(pinned) == "detach"  # explicit mode= > enforce
 
-        inner = _policy._push_enforced("raise")  # the innermost enforce rules
-        try:
+        with gradguard.enforce(mode="raise", engines="none"):  # the innermost enforce rules
             assert gradguard.get_mode() == "raise" and _stored(follows) == "raise"
-            keep = _policy._push_enforced(None)  # enforce(mode=None) keeps the enclosing mode
-            assert gradguard.get_mode() == "raise"
-            _policy._pop_enforced(keep)
-        finally:
-            _policy._pop_enforced(inner)
+            with gradguard.enforce(engines="none"):  # enforce(mode=None) keeps the enclosing mode
+                assert gradguard.get_mode() == "raise"
         assert gradguard.get_mode() == "off"
-    finally:
-        _policy._pop_enforced(token)
 
     assert gradguard.get_mode() == "raise"
     gradguard.set_mode(None)
@@ -404,9 +373,19 @@ def test_set_mode_returns_the_previous_value_and_validates() -> None:
 @pytest.mark.parametrize(
     ("raw", "mode"),
     [
-        ("off", "off"), ("0", "off"), ("FALSE", "off"), ("Off", "off"),
-        ("detach", "detach"), ("On", "detach"), ("1", "detach"), ("TRUE", "detach"),
-        ("Warn", "warn"), ("raise", "raise"), ("STRICT", "raise"), (" strict ", "raise"), ("", "detach"),
+        ("off", "off"),
+        ("0", "off"),
+        ("FALSE", "off"),
+        ("Off", "off"),
+        ("detach", "detach"),
+        ("On", "detach"),
+        ("1", "detach"),
+        ("TRUE", "detach"),
+        ("Warn", "warn"),
+        ("raise", "raise"),
+        ("STRICT", "raise"),
+        (" strict ", "raise"),
+        ("", "detach"),
     ],
 )
 def test_env_values_in_process(monkeypatch: pytest.MonkeyPatch, raw: str, mode: str) -> None:
@@ -472,15 +451,12 @@ def test_set_mode_does_not_leak_between_threads() -> None:
 
 
 def test_enforce_scope_does_not_leak_between_threads() -> None:
-    token = _policy._push_enforced("raise")
-    try:
+    with gradguard.enforce(mode="raise", engines="none"):
         seen = []
         thread = threading.Thread(target=lambda: seen.append(gradguard.get_mode()))
         thread.start()
         thread.join()
         assert seen == ["detach"]
-    finally:
-        _policy._pop_enforced(token)
 
 
 def test_set_mode_does_not_leak_between_asyncio_tasks() -> None:
@@ -495,9 +471,7 @@ def test_set_mode_does_not_leak_between_asyncio_tasks() -> None:
         out: dict[str, Any] = {}
         go = asyncio.Event()
         readies = [asyncio.Event(), asyncio.Event()]
-        tasks = [
-            asyncio.create_task(task(m, r, go, out)) for m, r in zip(("off", "raise"), readies)
-        ]
+        tasks = [asyncio.create_task(task(m, r, go, out)) for m, r in zip(("off", "raise"), readies)]
         for r in readies:
             await r.wait()
         out["main"] = gradguard.get_mode()
@@ -553,11 +527,27 @@ print(json.dumps(out))
 """
 
 _ALIASES = {
-    "off": "off", "OFF": "off", "Off": "off", "0": "off", "false": "off", "False": "off",
-    "detach": "detach", "DETACH": "detach", "on": "detach", "ON": "detach", "1": "detach",
-    "true": "detach", "True": "detach",
-    "warn": "warn", "WARN": "warn", "Warn": "warn",
-    "raise": "raise", "RAISE": "raise", "strict": "raise", "STRICT": "raise", "Strict": "raise",
+    "off": "off",
+    "OFF": "off",
+    "Off": "off",
+    "0": "off",
+    "false": "off",
+    "False": "off",
+    "detach": "detach",
+    "DETACH": "detach",
+    "on": "detach",
+    "ON": "detach",
+    "1": "detach",
+    "true": "detach",
+    "True": "detach",
+    "warn": "warn",
+    "WARN": "warn",
+    "Warn": "warn",
+    "raise": "raise",
+    "RAISE": "raise",
+    "strict": "raise",
+    "STRICT": "raise",
+    "Strict": "raise",
     "maybe": "error: GRADGUARD='maybe' is not a gradguard mode; accepted: " + _policy.ACCEPTED,
 }
 _DIRECT = {"STRICT": "raise", None: "detach"}  # "Off" and the rest: forked below
@@ -566,10 +556,7 @@ _CAN_FORK = hasattr(os, "fork")
 
 
 def _env(value: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "GRADGUARD"}
-    if value is not None:
-        env["GRADGUARD"] = value
-    return env
+    return _helpers.env(GRADGUARD=value)
 
 
 @pytest.fixture(scope="module")

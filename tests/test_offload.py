@@ -10,12 +10,12 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
+import _helpers
 import pytest
 import torch
 
 import gradguard
 from gradguard import _offload
-
 
 
 class HostCopySpy:
@@ -46,7 +46,7 @@ def fake_device(monkeypatch: pytest.MonkeyPatch) -> Callable[[Callable[[torch.Te
 
 
 def graph(value: float = 1.0) -> torch.Tensor:
-    return torch.full((3,), value, requires_grad=True) * 2
+    return _helpers.graph(value, 3)
 
 
 def test_every_published_tensor_is_moved_and_detached(fake_device: Any) -> None:
@@ -87,7 +87,9 @@ def test_every_entry_point_offloads(fake_device: Any) -> None:
     dq.appendleft(graph())
     dq.extend([graph()])
     dq.extendleft([graph()])
-    stored = [t for t in [*gradguard.unwrap(lst), *gradguard.unwrap(dct).values(), *gradguard.unwrap(dq)] if t is not None]
+    stored = [
+        t for t in [*gradguard.unwrap(lst), *gradguard.unwrap(dct).values(), *gradguard.unwrap(dq)] if t is not None
+    ]
     assert len(spy.copies) == 16  # 7 into the list, 5 into the dict, 4 into the deque
     copies = {id(c) for c in spy.copies}
     assert all(id(t) in copies for t in stored)

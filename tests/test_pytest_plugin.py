@@ -38,7 +38,7 @@ def train(store):
     return store
 '''
 
-INNER = '''
+INNER = """
 import pytest
 import torch
 
@@ -97,7 +97,7 @@ def test_probe_flat(gradguard_probe):
         scratch = torch.zeros(1024) + 1
         gradguard_probe.step()
     gradguard_probe.assert_growth_below(0)
-'''
+"""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -204,7 +204,10 @@ def test_bogus_mode_is_a_usage_error(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--gradguard=bogus")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
-        ["*--gradguard: mode='bogus' is not a gradguard mode; accepted: off/0/false, detach/on/1/true, warn, raise/strict*"]
+        [
+            "*--gradguard: mode='bogus' is not a gradguard mode; "
+            "accepted: off/0/false, detach/on/1/true, warn, raise/strict*"
+        ]
     )
     assert "Traceback" not in result.stderr.str()
     assert _policy.mode_source() == ("detach", "default")
@@ -213,7 +216,9 @@ def test_bogus_mode_is_a_usage_error(pytester: pytest.Pytester) -> None:
 def test_help_lists_the_option(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--help")
     assert result.ret == 0
-    result.stdout.fnmatch_lines(["gradguard:", "*--gradguard=MODE*run the session inside gradguard.enforce(mode=MODE)*"])
+    result.stdout.fnmatch_lines(
+        ["gradguard:", "*--gradguard=MODE*run the session inside gradguard.enforce(mode=MODE)*"]
+    )
     result = pytester.runpytest("--markers")
     result.stdout.fnmatch_lines(["@pytest.mark.gradguard(mode=None, engines='auto', stores=None)*"])
 
@@ -231,4 +236,3 @@ def test_plugin_does_not_import_gradguard_without_option_or_marker(pytester: pyt
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
-

@@ -9,8 +9,10 @@ import sys
 import threading
 from typing import Any
 
+import _helpers
 import pytest
 import torch
+from _helpers import clean, lineno
 
 import gradguard
 from gradguard import _publish
@@ -19,19 +21,9 @@ HERE = os.path.abspath(__file__)
 UNRESOLVED = "(no graph: site not resolved)"
 
 
-
-def lineno() -> int:
-    return sys._getframe(1).f_lineno
-
-
 def record(n: int = 256) -> dict[str, Any]:
     """Two graph-carrying tensors over one fresh leaf of ``n`` float32 (pins ``4 n`` bytes)."""
-    leaf = torch.ones(n, requires_grad=True)
-    return {"loss": 1.0, "model_output": {"log_probs": leaf + 1, "entropy": leaf - 1}}
-
-
-def clean() -> dict[str, Any]:
-    return {"loss": 1.0, "model_output": {"log_probs": torch.zeros(2)}}
+    return _helpers.record(1.0, n)
 
 
 class CountingPinnedBytes:
@@ -65,7 +57,11 @@ def test_per_site_records_tensors_and_bytes(spy: CountingPinnedBytes) -> None:
 
     rows = gradguard.stats()
     assert isinstance(rows, gradguard.Stats)
-    assert set(rows) == {("output_lst", f"{HERE}:{line_a}"), ("output_lst", f"{HERE}:{line_b}"), ("output_lst", UNRESOLVED)}
+    assert set(rows) == {
+        ("output_lst", f"{HERE}:{line_a}"),
+        ("output_lst", f"{HERE}:{line_b}"),
+        ("output_lst", UNRESOLVED),
+    }
     a = rows[("output_lst", f"{HERE}:{line_a}")]
     assert isinstance(a, gradguard.SiteStats)
     assert (a.store, a.site) == ("output_lst", f"{HERE}:{line_a}")
@@ -89,7 +85,9 @@ def test_pinned_bytes_estimated_once_for_many_appends_from_one_line(spy: Countin
     assert row.records == 50 and row.pinned_bytes_released == 50 * row.pinned_bytes_per_record
 
 
-def test_clean_records_never_estimate_nor_walk_frames(spy: CountingPinnedBytes, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_clean_records_never_estimate_nor_walk_frames(
+    spy: CountingPinnedBytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def no_frames(*args: Any) -> None:
         raise AssertionError("site attribution ran for a clean record")
 
@@ -105,8 +103,10 @@ def test_clean_records_never_estimate_nor_walk_frames(spy: CountingPinnedBytes, 
 def test_stores_are_kept_apart() -> None:
     first = gradguard.guard([], name="first")
     second = gradguard.guard({}, name="second")
+    # fmt: off
     line = lineno() + 1
     first.append(record()); second["k"] = record()  # noqa: E702 - one line, two stores
+    # fmt: on
     rows = gradguard.stats()
     assert rows[("first", f"{HERE}:{line}")].records == 1
     assert rows[("second", f"{HERE}:{line}")].records == 1
@@ -115,8 +115,10 @@ def test_stores_are_kept_apart() -> None:
 def test_one_line_is_one_row_whatever_the_code_object() -> None:
     """Sites are keyed by code object and instruction offset on the hot path; rows stay file:line."""
     store = gradguard.guard([], name="one_row")
+    # fmt: off
     line = lineno() + 1
     store.append(record()); store.append(record())  # noqa: E702 - two appends, one line
+    # fmt: on
     # fresh code objects, dropped after each exec: an id reused by a later code object must not
     # carry its records into another file's row
     for i in range(40):

@@ -7,19 +7,17 @@ interpreter).
 
 from __future__ import annotations
 
-import collections
 import inspect
 import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 import wrapt
-from _models import ActorCritic
+from _models import MODEL, megatron_forward_step, outputs, verl_result
 
 import gradguard
 from gradguard import (
@@ -30,51 +28,6 @@ from gradguard import (
     _contract,
     _policy,
 )
-
-
-@pytest.fixture(autouse=True)
-def _default_mode(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No GRADGUARD in the environment: the default mode (detach) rules unless a test says otherwise."""
-    monkeypatch.delenv("GRADGUARD", raising=False)
-    _policy._reload_env()
-    assert gradguard.get_mode() == "detach"
-    yield
-    _policy._reload_env()
-
-
-MODEL = ActorCritic()
-
-
-def _outputs(detach_policy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    h = MODEL.trunk(torch.randn(2, 4))
-    logits = MODEL.policy(h)
-    if detach_policy:
-        logits = logits.detach()
-    return torch.log_softmax(logits, -1), MODEL.value(h)
-
-
-def _verl_result(*, detach_loss: bool = False, detach_policy: bool = False) -> tuple[torch.Tensor, dict[str, Any]]:
-    log_probs, value = _outputs(detach_policy)
-    loss = -log_probs[:, 0].mean() + value.pow(2).mean()
-    if detach_loss:
-        loss = loss.detach()
-    output = {
-        "model_output": {"log_probs": log_probs, "entropy": log_probs.exp().sum(-1)},
-        "loss": float(loss.detach()),
-        "metrics": {"kl": torch.tensor(0.1), "n": 3},
-    }
-    return loss, output
-
-
-def _assert_published(output: dict[str, Any], original: dict[str, Any]) -> None:
-    mo, orig_mo = output["model_output"], original["model_output"]
-    for key in ("log_probs", "entropy"):
-        assert orig_mo[key].grad_fn is not None  # the caller's object is never mutated
-        assert mo[key].grad_fn is None and not mo[key].requires_grad
-        assert mo[key].data_ptr() == orig_mo[key].data_ptr()  # detached, not copied
-    assert output["metrics"] is original["metrics"]  # unchanged branches are shared
-    assert output["loss"] == original["loss"]
-
 
 # --------------------------------------------------------------------------------------------------
 # Decoration forms
@@ -108,7 +61,7 @@ def test_decorator_syntax_bare_and_called() -> None:
         return micro_batch()
 
     for fs in (a, b):
-        loss, out = fs(_verl_result)
+        loss, out = fs(verl_result)
         assert loss.grad_fn is not None
         assert out["model_output"]["log_probs"].grad_fn is None
 
@@ -124,7 +77,7 @@ class Engine:
     def forward_step(self, micro_batch: Any, loss_function: Any, forward_only: bool) -> Any:
         """One micro-batch of the engine."""
         self.calls += 1
-        return _verl_result(detach_loss=self.detach_loss)
+        return verl_result(detach_loss=self.detach_loss)
 
 
 def test_method_keeps_name_doc_signature() -> None:
@@ -172,340 +125,6 @@ def test_method_forward_only_is_not_checked_but_still_published(call: Any) -> No
 
 
 # --------------------------------------------------------------------------------------------------
-# verl style results
-# --------------------------------------------------------------------------------------------------
-
-
-def test_verl_loss_stays_live_output_is_detached() -> None:
-    captured: list[Any] = []
-
-    @gradguard.forward_step
-    def fs(micro_batch: Any, loss_function: Any, forward_only: bool = False) -> Any:
-        captured.append(_verl_result())
-        return captured[-1]
-
-    result = fs(None, None)
-    original = captured[0]
-    assert type(result) is tuple and len(result) == 2
-    assert result is not original
-    assert result[0] is original[0]  # the very loss object
-    assert result[0].grad_fn is not None
-    _assert_published(result[1], original[1])
-    result[0].backward()  # still trains
-    assert MODEL.policy.weight.grad is not None
-    MODEL.zero_grad(set_to_none=True)
-
-
-def test_verl_result_without_graphs_is_returned_as_is() -> None:
-    loss, output = _verl_result()
-    clean = (loss, {"model_output": {"log_probs": output["model_output"]["log_probs"].detach()}, "n": 1})
-
-    @gradguard.forward_step
-    def fs(micro_batch: Any) -> Any:
-        return clean
-
-    assert fs(None) is clean
-    as_list = [loss, {"x": 1}]
-    assert gradguard.forward_step(lambda mb: as_list)(None) is as_list
-
-
-def test_verl_list_result_stays_a_list() -> None:
-    @gradguard.forward_step
-    def fs(micro_batch: Any) -> Any:
-        return list(_verl_result())
-
-    result = fs(None)
-    assert type(result) is list
-    assert result[0].grad_fn is not None
-    assert result[1]["model_output"]["log_probs"].grad_fn is None
-
-
-def test_verl_extra_elements_are_published() -> None:
-    @gradguard.forward_step
-    def fs(micro_batch: Any) -> Any:
-        loss, output = _verl_result()
-        return loss, output, output["model_output"]["log_probs"] * 2
-
-    loss, output, extra = fs(None)
-    assert loss.grad_fn is not None
-    assert output["model_output"]["log_probs"].grad_fn is None
-    assert extra.grad_fn is None
-
-
-def test_verl_detached_loss_in_training_raises() -> None:
-    @gradguard.forward_step
-    def fs(micro_batch: Any, loss_function: Any, forward_only: bool = False) -> Any:
-        return _verl_result(detach_loss=True)
-
-    with pytest.raises(LossContractError, match="does not require grad"):
-        fs(None, None)
-    with pytest.raises(LossContractError):
-        fs(None, None, False)
-    with pytest.raises(LossContractError):
-        fs(None, None, forward_only=False)
-
-
-@pytest.mark.parametrize("how", ["positional", "keyword"])
-def test_verl_forward_only_is_not_checked_and_still_published(how: str) -> None:
-    captured: list[Any] = []
-
-    @gradguard.forward_step
-    def fs(micro_batch: Any, loss_function: Any, forward_only: bool = False) -> Any:
-        captured.append(_verl_result(detach_loss=True))
-        return captured[-1]
-
-    result = fs(None, None, True) if how == "positional" else fs(None, None, forward_only=True)
-    assert result[0] is captured[0][0]
-    _assert_published(result[1], captured[0][1])
-
-
-def test_forward_only_default_from_signature_and_custom_name() -> None:
-    @gradguard.forward_step
-    def eval_step(micro_batch: Any, forward_only: bool = True) -> Any:
-        return _verl_result(detach_loss=True)
-
-    eval_step(None)  # the signature's default says forward-only: not checked
-    with pytest.raises(LossContractError):
-        eval_step(None, False)
-
-    @gradguard.forward_step(forward_only="no_grad_pass")
-    def fs(micro_batch: Any, no_grad_pass: bool = False, forward_only: bool = False) -> Any:
-        return _verl_result(detach_loss=True)
-
-    fs(None, True)
-    fs(None, no_grad_pass=True)
-    with pytest.raises(LossContractError):
-        fs(None, forward_only=True)  # not the argument this decorator was told to read
-
-    @gradguard.forward_step(forward_only=None)
-    def always(micro_batch: Any, forward_only: bool = False) -> Any:
-        return _verl_result(detach_loss=True)
-
-    with pytest.raises(LossContractError):
-        always(None, forward_only=True)
-
-
-def test_forward_only_passed_through_kwargs_only() -> None:
-    @gradguard.forward_step
-    def fs(micro_batch: Any, **kwargs: Any) -> Any:
-        return _verl_result(detach_loss=True)
-
-    fs(None, forward_only=True)
-    with pytest.raises(LossContractError):
-        fs(None)
-
-
-def test_grad_disabled_is_not_checked() -> None:
-    @gradguard.forward_step
-    def fs(micro_batch: Any, forward_only: bool = False) -> Any:
-        return _verl_result()
-
-    with torch.no_grad():
-        loss, out = fs(None)
-    assert not loss.requires_grad
-    assert out["model_output"]["log_probs"].grad_fn is None
-
-
-def test_loss_key_for_dict_results() -> None:
-    captured: list[Any] = []
-
-    @gradguard.forward_step(loss="loss")
-    def fs(micro_batch: Any, detach: bool = False) -> Any:
-        loss, output = _verl_result(detach_loss=detach)
-        captured.append({"loss": loss, **output["model_output"], "step": 3})
-        return captured[-1]
-
-    result = fs(None)
-    original = captured[-1]
-    assert type(result) is dict and result is not original
-    assert result["loss"] is original["loss"] and result["loss"].grad_fn is not None
-    assert result["log_probs"].grad_fn is None and result["entropy"].grad_fn is None
-    assert result["step"] == 3
-    assert list(result) == list(original)  # key order kept
-    assert original["log_probs"].grad_fn is not None  # not mutated
-    with pytest.raises(LossContractError):
-        fs(None, detach=True)
-
-
-def test_dict_subclass_result_keeps_its_type() -> None:
-    @gradguard.forward_step(loss="loss")
-    def fs(micro_batch: Any) -> Any:
-        loss, output = _verl_result()
-        return collections.OrderedDict(loss=loss, log_probs=output["model_output"]["log_probs"])
-
-    result = fs(None)
-    assert type(result) is collections.OrderedDict
-    assert result["loss"].grad_fn is not None and result["log_probs"].grad_fn is None
-
-
-def test_loss_index_one() -> None:
-    captured: list[Any] = []
-
-    @gradguard.forward_step(loss=1)
-    def fs(micro_batch: Any, detach: bool = False) -> Any:
-        loss, output = _verl_result(detach_loss=detach)
-        captured.append((output, loss))
-        return captured[-1]
-
-    output, loss = fs(None)
-    assert loss is captured[-1][1] and loss.grad_fn is not None
-    _assert_published(output, captured[-1][0])
-    with pytest.raises(LossContractError):
-        fs(None, detach=True)
-
-
-def test_missing_loss_key_or_index_is_a_clear_error() -> None:
-    @gradguard.forward_step(loss="loss")
-    def fs(micro_batch: Any) -> Any:
-        return {"not_loss": 1}
-
-    with pytest.raises(GradGuardError, match="without the loss key 'loss'"):
-        fs(None)
-
-    @gradguard.forward_step(loss=5)
-    def gs(micro_batch: Any) -> Any:
-        return _verl_result()
-
-    with pytest.raises(GradGuardError, match="returned 2 elements"):
-        gs(None)
-
-
-Result = collections.namedtuple("Result", ["loss", "output", "n_tokens"])
-
-
-def test_namedtuple_results_keep_their_type() -> None:
-    @gradguard.forward_step
-    def fs(micro_batch: Any) -> Any:
-        loss, output = _verl_result()
-        return Result(loss, output, 7)
-
-    result = fs(None)
-    assert type(result) is Result
-    assert result.loss.grad_fn is not None
-    assert result.output["model_output"]["log_probs"].grad_fn is None
-    assert result.n_tokens == 7
-
-
-def test_bare_loss_result_is_checked() -> None:
-    @gradguard.forward_step
-    def fs(micro_batch: Any, detach: bool = False) -> Any:
-        loss = _verl_result()[0]
-        return loss.detach() if detach else loss
-
-    loss = fs(None)
-    assert loss.grad_fn is not None
-    with pytest.raises(LossContractError):
-        fs(None, detach=True)
-
-
-# --------------------------------------------------------------------------------------------------
-# Megatron style results
-# --------------------------------------------------------------------------------------------------
-
-
-def _megatron_forward_step(*, detach_loss: bool = False, with_num_tokens: bool = False) -> Any:
-    def forward_step(data_iterator: Any, model: Any) -> Any:
-        output_tensor, value = _outputs()
-
-        def loss_func(output: torch.Tensor, non_loss_data: bool = False) -> Any:
-            if non_loss_data:
-                return {"log_probs": output, "value": value}
-            loss = -output[:, 0].sum() + value.pow(2).sum()
-            if detach_loss:
-                loss = loss.detach()
-            report = {"lm loss": torch.stack([loss.clone(), torch.tensor(2.0)]), "entropy": output.exp().sum()}
-            if with_num_tokens:
-                return loss, torch.tensor(2, dtype=torch.int), report
-            return loss, report
-
-        return output_tensor, loss_func
-
-    return forward_step
-
-
-def test_megatron_output_tensor_untouched_loss_func_wrapped() -> None:
-    inner = _megatron_forward_step()
-    captured: list[Any] = []
-
-    def raw(data_iterator: Any, model: Any) -> Any:
-        captured.append(inner(data_iterator, model))
-        return captured[-1]
-
-    fs = gradguard.forward_step(raw)
-    output_tensor, loss_func = fs(None, None)
-    assert output_tensor is captured[0][0]  # Megatron back-propagates it: left alone
-    assert output_tensor.grad_fn is not None
-    assert loss_func is not captured[0][1]
-    assert loss_func.__wrapped__ is captured[0][1]
-
-    loss, report = loss_func(output_tensor)
-    assert loss.grad_fn is not None
-    assert report["lm loss"].grad_fn is None and report["entropy"].grad_fn is None
-    loss.backward()
-    assert MODEL.policy.weight.grad is not None
-    MODEL.zero_grad(set_to_none=True)
-
-
-def test_megatron_loss_is_the_same_object() -> None:
-    seen: list[Any] = []
-
-    @gradguard.forward_step
-    def fs(data_iterator: Any, model: Any) -> Any:
-        output_tensor, _ = _outputs()
-
-        def loss_func(output: torch.Tensor) -> Any:
-            seen.append((output.sum(), {"x": output * 2}))
-            return seen[-1]
-
-        return output_tensor, loss_func
-
-    output_tensor, loss_func = fs(None, None)
-    loss, report = loss_func(output_tensor)
-    assert loss is seen[0][0]
-    assert report["x"].grad_fn is None and seen[0][1]["x"].grad_fn is not None
-
-
-def test_megatron_loss_num_tokens_report() -> None:
-    fs = gradguard.forward_step(_megatron_forward_step(with_num_tokens=True))
-    output_tensor, loss_func = fs(None, None)
-    loss, num_tokens, report = loss_func(output_tensor)
-    assert loss.grad_fn is not None
-    assert num_tokens.item() == 2 and num_tokens.dtype == torch.int
-    assert report["lm loss"].grad_fn is None
-
-
-def test_megatron_list_result_stays_a_list() -> None:
-    inner = _megatron_forward_step()
-    fs = gradguard.forward_step(lambda it, model: list(inner(it, model)))
-    result = fs(None, None)
-    assert type(result) is list and len(result) == 2
-    assert result[0].grad_fn is not None and callable(result[1])
-
-
-@pytest.mark.parametrize("with_num_tokens", [False, True])
-def test_megatron_detached_loss_raises(with_num_tokens: bool) -> None:
-    fs = gradguard.forward_step(_megatron_forward_step(detach_loss=True, with_num_tokens=with_num_tokens))
-    output_tensor, loss_func = fs(None, None)
-    with pytest.raises(LossContractError, match="does not require grad"):
-        loss_func(output_tensor)
-    with torch.no_grad():  # evaluation: not checked
-        loss_func(output_tensor)
-
-
-def test_megatron_non_loss_data_publishes_everything() -> None:
-    fs = gradguard.forward_step(_megatron_forward_step())
-    output_tensor, loss_func = fs(None, None)
-    data = loss_func(output_tensor, non_loss_data=True)
-    assert data["log_probs"].grad_fn is None and data["value"].grad_fn is None
-    with gradguard.enforce(mode="raise", engines="none"):
-        with pytest.raises(GraphRetentionError, match=r"\['value'\]"):
-            loss_func(output_tensor, non_loss_data=True)
-    with gradguard.enforce(mode="off", engines="none"):
-        raw = loss_func(output_tensor, non_loss_data=True)
-    assert raw["log_probs"] is output_tensor
-
-
-# --------------------------------------------------------------------------------------------------
 # Check options
 # --------------------------------------------------------------------------------------------------
 
@@ -513,11 +132,11 @@ def test_megatron_non_loss_data_publishes_everything() -> None:
 def test_reaches_params_catches_the_silent_zero_gradient_trap() -> None:
     @gradguard.forward_step(check="reaches_params", params=MODEL)
     def fs(micro_batch: Any, forward_only: bool = False) -> Any:
-        return _verl_result(detach_policy=True)
+        return verl_result(detach_policy=True)
 
     @gradguard.forward_step
     def plain(micro_batch: Any, forward_only: bool = False) -> Any:
-        return _verl_result(detach_policy=True)
+        return verl_result(detach_policy=True)
 
     loss, _ = plain(None)  # requires_grad misses it
     assert loss.requires_grad
@@ -527,7 +146,7 @@ def test_reaches_params_catches_the_silent_zero_gradient_trap() -> None:
 
     @gradguard.forward_step(check="reaches_params", params=MODEL)
     def healthy(micro_batch: Any) -> Any:
-        return _verl_result()
+        return verl_result()
 
     assert healthy(None)[0].grad_fn is not None
 
@@ -545,7 +164,7 @@ def test_check_every_samples_the_walk(monkeypatch: pytest.MonkeyPatch) -> None:
 
     @gradguard.forward_step(check="reaches_params", params=MODEL, check_every=3)
     def fs(micro_batch: Any, detach: bool = False) -> Any:
-        return _verl_result(detach_loss=detach)
+        return verl_result(detach_loss=detach)
 
     for i in range(8):
         calls["n"] = i
@@ -563,13 +182,13 @@ def test_check_none_checks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
 
     @gradguard.forward_step(check=None)
     def fs(micro_batch: Any) -> Any:
-        return _verl_result(detach_loss=True)
+        return verl_result(detach_loss=True)
 
     loss, out = fs(None)
     assert not loss.requires_grad
     assert out["model_output"]["log_probs"].grad_fn is None
 
-    mfs = gradguard.forward_step(check=None)(_megatron_forward_step(detach_loss=True))
+    mfs = gradguard.forward_step(check=None)(megatron_forward_step(detach_loss=True))
     output_tensor, loss_func = mfs(None, None)
     loss, report = loss_func(output_tensor)
     assert report["entropy"].grad_fn is None
@@ -597,7 +216,7 @@ def test_bad_options_are_clear_errors(options: dict[str, Any], match: str) -> No
 def test_raise_mode_names_the_path() -> None:
     @gradguard.forward_step
     def fs(micro_batch: Any) -> Any:
-        return _verl_result()
+        return verl_result()
 
     with gradguard.enforce(mode="raise", engines="none"):
         with pytest.raises(GraphRetentionError) as info:
@@ -610,7 +229,7 @@ def test_raise_mode_names_the_path() -> None:
 
 
 def test_raise_mode_passes_a_clean_result() -> None:
-    loss, _ = _verl_result()
+    loss, _ = verl_result()
     clean = (loss, {"m": torch.tensor(1.0)})
 
     @gradguard.forward_step
@@ -624,7 +243,7 @@ def test_raise_mode_passes_a_clean_result() -> None:
 def test_warn_mode_detaches_and_warns() -> None:
     @gradguard.forward_step
     def fs(micro_batch: Any) -> Any:
-        return _verl_result()
+        return verl_result()
 
     with gradguard.enforce(mode="warn", engines="none"):
         with pytest.warns(GraphRetentionWarning, match=r"fs\[1\] .*\n    \['model_output'\]\['log_probs'\]"):
@@ -638,7 +257,7 @@ def test_off_mode_returns_the_result_itself() -> None:
 
     @gradguard.forward_step
     def fs(micro_batch: Any) -> Any:
-        captured.append(_verl_result())
+        captured.append(verl_result())
         return captured[-1]
 
     with gradguard.enforce(mode="off", engines="none"):
@@ -652,7 +271,7 @@ def test_off_mode_returns_the_result_itself() -> None:
 def test_stats_count_the_published_records() -> None:
     @gradguard.forward_step
     def counted_step(micro_batch: Any) -> Any:
-        return _verl_result()
+        return verl_result()
 
     for _ in range(3):
         counted_step(None)
@@ -699,7 +318,7 @@ def test_decoration_with_gradguard_on_wraps(monkeypatch: pytest.MonkeyPatch) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(GraphRetentionError):
-            gradguard.forward_step(original)(_verl_result())
+            gradguard.forward_step(original)(verl_result())
 
 
 def test_decorating_a_non_callable_says_what_is_accepted() -> None:
@@ -714,16 +333,16 @@ def test_warnings_and_stats_name_the_line_that_called_the_step() -> None:
     class Engine:
         @gradguard.forward_step
         def forward_step(self, batch: Any) -> Any:
-            return _verl_result()
+            return verl_result()
 
         @staticmethod
         @gradguard.forward_step
         def static_step(batch: Any) -> Any:
-            return _verl_result()
+            return verl_result()
 
     @gradguard.forward_step
     def verl_step(batch: Any) -> Any:
-        return _verl_result()
+        return verl_result()
 
     def passthrough(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         return wrapped(*args, **kwargs)
@@ -732,7 +351,7 @@ def test_warnings_and_stats_name_the_line_that_called_the_step() -> None:
 
     @gradguard.forward_step
     def megatron_step(batch: Any) -> Any:
-        loss, policy = _outputs()
+        loss, policy = outputs()
         return policy, lambda output: (loss, {"logits": output})
 
     here = os.path.abspath(__file__)

@@ -15,19 +15,10 @@ from typing import Any
 
 import pytest
 import torch
+from _helpers import graph, record
 
 import gradguard
 from gradguard import _policy
-
-
-def graph(value: float = 1.0, n: int = 4) -> torch.Tensor:
-    """A fresh tensor carrying a graph (``MulBackward0``) over a leaf that requires grad."""
-    leaf = torch.full((n,), value, requires_grad=True)
-    return leaf * 2
-
-
-def record(value: float = 1.0) -> dict[str, Any]:
-    return {"loss": value, "model_output": {"log_probs": graph(value), "entropy": graph(-value)}}
 
 
 def assert_detached(obj: Any) -> None:

@@ -95,7 +95,11 @@ class FakeFloat8Tensor(torch.Tensor):
 
     @staticmethod
     def __new__(
-        cls, data: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype = torch.float32, requires_grad: bool = False
+        cls,
+        data: torch.Tensor,
+        scale_inv: torch.Tensor,
+        dtype: torch.dtype = torch.float32,
+        requires_grad: bool = False,
     ) -> FakeFloat8Tensor:
         self = torch.Tensor._make_wrapper_subclass(
             cls, data.shape, dtype=dtype, device=data.device, requires_grad=requires_grad
@@ -226,9 +230,7 @@ def mesh() -> Iterator[Any]:
             pytest.skip("a multi-process group is already initialized in this process")
         yield init_device_mesh("cpu", (1,))
         return
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
-    )
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     try:
         yield init_device_mesh("cpu", (1,))
     finally:

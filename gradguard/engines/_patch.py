@@ -14,7 +14,7 @@ from typing import Any
 
 from .._wrapper import Wrapper, function_wrapper
 
-__all__ = ["install", "is_installed", "uninstall"]
+__all__ = ["install", "installed", "is_installed", "uninstall"]
 
 logger = logging.getLogger("gradguard")
 _lock = threading.RLock()
@@ -59,6 +59,16 @@ def uninstall(owner: Any, attr: str) -> None:
                 setattr(owner, attr, original)
         else:
             logger.warning("gradguard: %r.%s was re-patched by someone else; leaving it in place", owner, attr)
+
+
+def installed() -> set[tuple[str, str]]:
+    """``(owner, attribute)`` names of every patch in place now (tests: nothing left behind)."""
+    with _lock:
+        entries = [(owner, attr) for (_, attr), (owner, _, _) in _patched.items()]
+    return {
+        (getattr(owner, "__qualname__", None) or getattr(owner, "__name__", repr(owner)), attr)
+        for owner, attr in entries
+    }
 
 
 def is_installed(owner: Any, attr: str) -> bool:

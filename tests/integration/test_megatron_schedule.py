@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import torch
 import wrapt
-from conftest import require_engine
+from _helpers import require_engine
 
 import gradguard
 from gradguard._bench.scenarios import Size

@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-
-from conftest import require_engine
+from _helpers import require_engine
 
 pytestmark = pytest.mark.integration
 
@@ -86,10 +85,11 @@ def _detached_counts() -> dict[str, int]:
 def _run_variant(rank: int, sched_name: str, view_output: bool, variant: str) -> dict[str, Any]:
     import contextlib
 
-    import gradguard
     import torch.distributed as dist
     import torch.distributed.pipelining.schedules as sched
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    import gradguard
 
     originals = {
         "PipelineScheduleSingle.step": sched.PipelineScheduleSingle.__dict__["step"],
@@ -115,7 +115,9 @@ def _run_variant(rank: int, sched_name: str, view_output: bool, variant: str) ->
         scope = gradguard.enforce(mode=mode, engines=["pipelining"])
     rec: dict[str, Any] = {"is_last": stage.is_last}
     with scope:
-        rec["patched_inside"] = sched.PipelineScheduleSingle.__dict__["step"] is not originals["PipelineScheduleSingle.step"]
+        rec["patched_inside"] = (
+            sched.PipelineScheduleSingle.__dict__["step"] is not originals["PipelineScheduleSingle.step"]
+        )
         losses: list[Any] = []  # the user's list: everything below is read from this same object
         result = schedule.step(*inputs, target=target, losses=losses, return_outputs=True)
         rec["grads"] = {n: p.grad.detach().clone() for n, p in module.named_parameters()}
@@ -144,8 +146,10 @@ def _run_variant(rank: int, sched_name: str, view_output: bool, variant: str) ->
             rec["eval_chunks_grad_fn"] = [_grad_fn_name(t) for t in stage.output_chunks]
         rec["eval_detached"] = _detached_counts()
     rec["restored"] = {
-        "PipelineScheduleSingle.step": sched.PipelineScheduleSingle.__dict__["step"] is originals["PipelineScheduleSingle.step"],
-        "PipelineScheduleMulti.step": sched.PipelineScheduleMulti.__dict__["step"] is originals["PipelineScheduleMulti.step"],
+        "PipelineScheduleSingle.step": sched.PipelineScheduleSingle.__dict__["step"]
+        is originals["PipelineScheduleSingle.step"],
+        "PipelineScheduleMulti.step": sched.PipelineScheduleMulti.__dict__["step"]
+        is originals["PipelineScheduleMulti.step"],
         "_PipelineSchedule.eval": sched._PipelineSchedule.__dict__["eval"] is originals["_PipelineSchedule.eval"],
         "Schedule1F1B.step": Schedule1F1B.step is originals["PipelineScheduleSingle.step"],
     }
@@ -283,7 +287,9 @@ def test_guarded_eval_hands_back_no_graph(runs, sched_name, view):
     assert guarded["eval_result_grad_fn"] is None
     assert guarded["eval_chunks_grad_fn"] == [None] * N_MB
     assert not any(runs[r][_key(sched_name, view, "guard")]["eval_fwd_cache_graphs"] for r in range(WORLD))
-    assert all(torch.equal(a, b) for a, b in zip(guarded["eval_losses_values"], plain["eval_losses_values"], strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(guarded["eval_losses_values"], plain["eval_losses_values"], strict=True)
+    )
     assert torch.equal(guarded["eval_result_values"], plain["eval_result_values"])
 
 

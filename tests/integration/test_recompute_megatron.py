@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 import torch
-from conftest import require_engine
+from _helpers import require_engine
 from torch import nn
 
 import gradguard

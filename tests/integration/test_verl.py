@@ -38,10 +38,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import wrapt
-from conftest import require_engine
+from _helpers import require_engine
 
 import gradguard
-from gradguard import _policy
 from gradguard.engines import verl as verl_adapter
 
 pytestmark = pytest.mark.integration
@@ -111,13 +110,16 @@ class LossFn:
 
 
 def make_data(return_model_output: bool = True) -> Any:
+    import verl.utils.tensordict_utils as tu
     from tensordict import TensorDict
 
-    import verl.utils.tensordict_utils as tu
-
     g = torch.Generator().manual_seed(1)
-    td = TensorDict({"input_ids": torch.randint(0, V, (B, T), generator=g), "loss_mask": torch.ones(B, T)}, batch_size=[B])
-    tu.assign_non_tensor(td, use_dynamic_bsz=False, micro_batch_size_per_gpu=MBS, return_model_output=return_model_output)
+    td = TensorDict(
+        {"input_ids": torch.randint(0, V, (B, T), generator=g), "loss_mask": torch.ones(B, T)}, batch_size=[B]
+    )
+    tu.assign_non_tensor(
+        td, use_dynamic_bsz=False, micro_batch_size_per_gpu=MBS, return_model_output=return_model_output
+    )
     return td
 
 
@@ -164,7 +166,9 @@ def fsdp_engine(fsdp: ModuleType) -> Any:
         def prepare_model_inputs(self, micro_batch: Any) -> Any:
             return {"input_ids": micro_batch["input_ids"]}, {"input_ids": micro_batch["input_ids"]}
 
-        def prepare_model_outputs(self, output: Any, output_args: Any, micro_batch: Any, logits_processor_func: Any = None) -> Any:
+        def prepare_model_outputs(
+            self, output: Any, output_args: Any, micro_batch: Any, logits_processor_func: Any = None
+        ) -> Any:
             return heads(output.logits, output_args["input_ids"])
 
     return FakeFSDPEngine()
@@ -174,7 +178,9 @@ def megatron_engine(meg: ModuleType, per_token: bool = False) -> Any:
     class FakeMegatronEngine(meg.MegatronEngineWithLMHead):
         def __init__(self) -> None:
             self.module = TinyLM()
-            self.engine_config = SimpleNamespace(dynamic_context_parallel=False, use_remove_padding=True, context_parallel_size=1)
+            self.engine_config = SimpleNamespace(
+                dynamic_context_parallel=False, use_remove_padding=True, context_parallel_size=1
+            )
             self.tf_config = SimpleNamespace(calculate_per_token_loss=True) if per_token else None
 
         def get_data_parallel_group(self) -> Any:
@@ -199,7 +205,9 @@ def run_fsdp(fsdp: ModuleType, loss_fn: LossFn | None = None, **kw: Any) -> dict
     LIVE.clear()
     fsdp.postprocess_batch_func = capture
     try:
-        result = engine.forward_backward_batch(make_data(kw.pop("return_model_output", True)), loss_function=loss_fn, **kw)
+        result = engine.forward_backward_batch(
+            make_data(kw.pop("return_model_output", True)), loss_function=loss_fn, **kw
+        )
     finally:
         fsdp.postprocess_batch_func = post
     (records,) = captured
@@ -300,26 +308,14 @@ def meg(verl: SimpleNamespace) -> ModuleType:
     return verl.meg if verl.meg is not None else require_engine(MEGATRON)
 
 
-@pytest.fixture(autouse=True)
-def _pristine(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv("GRADGUARD", raising=False)
-    _policy._reload_env()
-    assert _policy._enforced.get() is None
-    yield
-    _policy._reload_env()
-    fsdp, meg = sys.modules.get(FSDP), sys.modules.get(MEGATRON)
-    if fsdp is not None:
-        assert not isinstance(vars(fsdp.FSDPEngineWithLMHead)["forward_step"], wrapt.ObjectProxy)
-    if meg is not None:
-        assert not isinstance(vars(meg.MegatronEngineWithLMHead)["postprocess_micro_batch_func"], wrapt.ObjectProxy)
-
-
 # --------------------------------------------------------------------------------------------------
 # (a) install / restore on the real classes
 # --------------------------------------------------------------------------------------------------
 
 
-def test_enforce_patches_the_imported_engines_and_restores_the_originals(verl: SimpleNamespace, meg: ModuleType) -> None:
+def test_enforce_patches_the_imported_engines_and_restores_the_originals(
+    verl: SimpleNamespace, meg: ModuleType
+) -> None:
     fsdp = verl.fsdp
     fs = vars(fsdp.FSDPEngineWithLMHead)["forward_step"]
     base = vars(fsdp.FSDPEngine)["forward_step"]
@@ -371,7 +367,9 @@ def test_fixed_release_is_left_as_is(verl: SimpleNamespace) -> None:
 
 
 @pytest.mark.parametrize("return_model_output", [True, False])
-def test_unfixed_fsdp_engine_is_guarded(verl: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, return_model_output: bool) -> None:
+def test_unfixed_fsdp_engine_is_guarded(
+    verl: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, return_model_output: bool
+) -> None:
     fsdp = verl.fsdp
     no_detach(monkeypatch, fsdp)
     leaky = run_fsdp(fsdp, return_model_output=return_model_output)
@@ -396,7 +394,10 @@ def test_unfixed_fsdp_engine_is_guarded(verl: SimpleNamespace, monkeypatch: pyte
 
 def test_unfixed_fsdp_engine_strict_mode_refuses(verl: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     no_detach(monkeypatch, verl.fsdp)
-    with gradguard.enforce(mode="raise", engines=["verl"]), pytest.raises(gradguard.GraphRetentionError, match="model_output"):
+    with (
+        gradguard.enforce(mode="raise", engines=["verl"]),
+        pytest.raises(gradguard.GraphRetentionError, match="model_output"),
+    ):
         run_fsdp(verl.fsdp)
 
 
@@ -406,7 +407,9 @@ def test_unfixed_fsdp_engine_strict_mode_refuses(verl: SimpleNamespace, monkeypa
 
 
 @pytest.mark.parametrize("per_token", [False, True], ids=["2-tuple", "per-token 3-tuple"])
-def test_unfixed_megatron_loss_func_is_guarded(verl: SimpleNamespace, meg: ModuleType, monkeypatch: pytest.MonkeyPatch, per_token: bool) -> None:
+def test_unfixed_megatron_loss_func_is_guarded(
+    verl: SimpleNamespace, meg: ModuleType, monkeypatch: pytest.MonkeyPatch, per_token: bool
+) -> None:
     no_detach(monkeypatch, meg)
     leaky = run_megatron(meg, per_token=per_token)
     assert leaky["arity"] == (3 if per_token else 2)
@@ -442,7 +445,9 @@ def test_fixed_megatron_loss_func_is_left_as_is(verl: SimpleNamespace, meg: Modu
 # --------------------------------------------------------------------------------------------------
 
 
-def test_forward_only_calls_are_not_loss_checked(verl: SimpleNamespace, meg: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_forward_only_calls_are_not_loss_checked(
+    verl: SimpleNamespace, meg: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
     no_detach(monkeypatch, verl.fsdp, meg)
     mb = micro_batches()[0]
     with gradguard.enforce(engines=["verl"]), warnings.catch_warnings():
@@ -471,7 +476,9 @@ def test_detached_training_loss_warns(verl: SimpleNamespace, meg: ModuleType) ->
             run_fsdp(verl.fsdp, LossFn(detach=True))
         m = megatron_engine(meg)
         with pytest.warns(gradguard.LossContractWarning):
-            m.postprocess_micro_batch_func(m.module(mb["input_ids"]).logits, data=mb, forward_only=False, loss_function=LossFn(detach=True))
+            m.postprocess_micro_batch_func(
+                m.module(mb["input_ids"]).logits, data=mb, forward_only=False, loss_function=LossFn(detach=True)
+            )
         with warnings.catch_warnings():  # a live training loss: no warning
             warnings.simplefilter("error", gradguard.LossContractWarning)
             fsdp_engine(verl.fsdp).forward_step(mb, loss_function=LossFn(), forward_only=False)
@@ -490,7 +497,9 @@ def test_mode_off_passes_through(verl: SimpleNamespace, meg: ModuleType, monkeyp
         m = run_megatron(meg)
         with warnings.catch_warnings():
             warnings.simplefilter("error", gradguard.LossContractWarning)  # off: no loss check either
-            fsdp_engine(verl.fsdp).forward_step(micro_batches()[0], loss_function=LossFn(detach=True), forward_only=False)
+            fsdp_engine(verl.fsdp).forward_step(
+                micro_batches()[0], loss_function=LossFn(detach=True), forward_only=False
+            )
     assert out["graphs"] == 2 * N_MICRO and out["pinned"] == N_MICRO
     assert m["graphs"] == 2 * N_MICRO
     assert not gradguard.stats()
@@ -542,7 +551,10 @@ def test_old_release_080_in_subprocess() -> None:
             pytest.fail(f"GRADGUARD_REQUIRE_ENGINES=1: {reason}")
         pytest.skip(reason)
     here = Path(__file__).resolve().parent
-    code = f"import sys; sys.path[:0] = [{str(here.parent)!r}, {str(here)!r}]; import test_verl; test_verl._old_release_main()"
+    code = (
+        f"import sys; sys.path[:0] = [{str(here.parent)!r}, {str(here)!r}]; "
+        "import test_verl; test_verl._old_release_main()"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([old, os.environ.get("PYTHONPATH", "")])}
     env.pop("GRADGUARD", None)
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
