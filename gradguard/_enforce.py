@@ -10,11 +10,13 @@ scope's mode rules; other threads keep theirs.
 from __future__ import annotations
 
 import abc
+import contextlib
 import contextvars
 import sys
 import threading
 import warnings
-from collections.abc import AsyncGenerator, Callable, Generator, Hashable, Iterable, Mapping
+import weakref
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -259,12 +261,12 @@ class enforce:
         elif how == "generator":
 
             def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
-                return self._generator(wrapped(*args, **kwargs))
+                return _ScopedGenerator(wrapped(*args, **kwargs), self)
 
         elif how == "async generator":
 
             def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
-                return self._async_generator(wrapped(*args, **kwargs))
+                return _ScopedAsyncGenerator(wrapped(*args, **kwargs), self)
 
         else:
 
@@ -274,64 +276,102 @@ class enforce:
 
         return function_wrapper(func, wrapper)
 
-    def _generator(self, gen: Generator[Any, Any, Any]) -> Generator[Any, Any, Any]:
-        """``gen`` with this scope's mode around each resumption, and its installs from start to end."""
-        _acquire(self._installs)
-        try:
-            sent: Any = None
-            thrown: BaseException | None = None
-            while True:
-                token = _push_enforced(self.mode)
-                try:
-                    value = gen.throw(thrown) if thrown is not None else gen.send(sent)
-                except StopIteration as stop:
-                    return stop.value
-                finally:
-                    _pop_enforced(token)
-                try:
-                    sent, thrown = (yield value), None
-                except GeneratorExit:
-                    token = _push_enforced(self.mode)
-                    try:
-                        gen.close()
-                    finally:
-                        _pop_enforced(token)
-                    raise
-                except BaseException as exc:  # noqa: BLE001 - thrown into gen at its next resumption
-                    sent, thrown = None, exc
-        finally:
-            _release(self._installs)
-
-    async def _async_generator(self, agen: AsyncGenerator[Any, Any]) -> AsyncGenerator[Any, Any]:
-        """The async counterpart of :meth:`_generator`."""
-        _acquire(self._installs)
-        try:
-            sent: Any = None
-            thrown: BaseException | None = None
-            while True:
-                token = _push_enforced(self.mode)
-                try:
-                    value = await (agen.athrow(thrown) if thrown is not None else agen.asend(sent))
-                except StopAsyncIteration:
-                    return
-                finally:
-                    _pop_enforced(token)
-                try:
-                    sent, thrown = (yield value), None
-                except GeneratorExit:
-                    token = _push_enforced(self.mode)
-                    try:
-                        await agen.aclose()
-                    finally:
-                        _pop_enforced(token)
-                    raise
-                except BaseException as exc:  # noqa: BLE001 - thrown into agen at its next resumption
-                    sent, thrown = None, exc
-        finally:
-            _release(self._installs)
-
     def __repr__(self) -> str:
         return f"gradguard.enforce(mode={self.mode!r}, installs={[item.key for item in self._installs]})"
+
+
+class _Scoped(wrapt.ObjectProxy):  # type: ignore[misc]
+    """A generator (or async generator) whose every resumption runs inside ``scope``.
+
+    The mode is the scope's while the body runs and the caller's between resumptions; the installs
+    are taken at the first resumption and given back when the generator finishes, is closed, or is
+    collected (a generator collected unfinished is then closed by Python, outside the scope).
+    """
+
+    def __init__(self, gen: Any, scope: enforce) -> None:
+        super().__init__(gen)
+        self._self_scope = scope
+        self._self_hold = _Hold(scope._installs)
+        weakref.finalize(self, self._self_hold.give_back)
+
+    @contextlib.contextmanager
+    def _resumed(self) -> Iterator[None]:
+        self._self_hold.take()
+        token = _push_enforced(self._self_scope.mode)
+        try:
+            yield
+        except BaseException:
+            self._self_hold.give_back()  # StopIteration, StopAsyncIteration or an error: the body has ended
+            raise
+        finally:
+            _pop_enforced(token)
+
+
+class _Hold:
+    """One generator's hold on its scope's installs: taken once, given back once."""
+
+    __slots__ = ("installs", "state")
+
+    def __init__(self, installs: list[_Install]) -> None:
+        self.installs, self.state = installs, "new"
+
+    def take(self) -> None:
+        if self.state == "new":
+            _acquire(self.installs)
+            self.state = "held"
+
+    def give_back(self) -> None:
+        if self.state == "held":
+            _release(self.installs)
+        self.state = "done"
+
+
+class _ScopedGenerator(_Scoped):
+    def __iter__(self) -> Any:
+        return self
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def send(self, value: Any) -> Any:
+        with self._resumed():
+            return self.__wrapped__.send(value)
+
+    def throw(self, *args: Any) -> Any:
+        with self._resumed():
+            return self.__wrapped__.throw(*args)
+
+    def close(self) -> None:
+        if self._self_hold.state == "held":  # the body is suspended: it runs to its end inside the scope
+            with self._resumed():
+                self.__wrapped__.close()
+        else:
+            self.__wrapped__.close()
+        self._self_hold.give_back()
+
+
+class _ScopedAsyncGenerator(_Scoped):
+    def __aiter__(self) -> Any:
+        return self
+
+    def __anext__(self) -> Any:
+        return self.asend(None)
+
+    async def asend(self, value: Any) -> Any:
+        with self._resumed():
+            return await self.__wrapped__.asend(value)
+
+    async def athrow(self, *args: Any) -> Any:
+        with self._resumed():
+            return await self.__wrapped__.athrow(*args)
+
+    async def aclose(self) -> None:
+        if self._self_hold.state == "held":
+            with self._resumed():
+                await self.__wrapped__.aclose()
+        else:
+            await self.__wrapped__.aclose()
+        self._self_hold.give_back()
 
 
 def _engine_names(engines: str | Iterable[str] | None) -> list[str]:

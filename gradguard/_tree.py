@@ -25,7 +25,16 @@ from . import _containers
 from ._containers import ATOM, OPAQUE, SEALED, TENSOR, Spec, object_state, spec_for
 from ._errors import GradGuardError
 
-__all__ = ["Detached", "GraphRecord", "detach", "detach_tree", "find_graphs", "iter_tensors", "map_tensors", "substitute"]
+__all__ = [
+    "Detached",
+    "GraphRecord",
+    "detach",
+    "detach_tree",
+    "find_graphs",
+    "iter_tensors",
+    "map_tensors",
+    "substitute",
+]
 
 _Tensor = torch.Tensor
 _MAX_DEPTH = 100

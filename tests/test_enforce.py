@@ -6,6 +6,7 @@ store targets; originals restored by identity; the cost of a nested enter/exit.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 import threading
@@ -678,6 +679,13 @@ def test_a_generator_scope_holds_its_installs_until_it_ends(sched: ModuleType) -
     next(gen)
     assert sched.run_schedule is not original
     gen.close()
+    assert sched.run_schedule is original
+    assert list(steps()) == [1, 2] and sched.run_schedule is original  # run to its end
+    abandoned = steps()
+    next(abandoned)
+    assert sched.run_schedule is not original
+    del abandoned  # collected unfinished: the installs are given back
+    gc.collect()
     assert sched.run_schedule is original
 
 

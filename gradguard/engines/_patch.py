@@ -65,10 +65,11 @@ def installed() -> set[tuple[str, str]]:
     """``(owner, attribute)`` names of every patch in place now (tests: nothing left behind)."""
     with _lock:
         entries = [(owner, attr) for (_, attr), (owner, _, _) in _patched.items()]
-    return {
-        (getattr(owner, "__qualname__", None) or getattr(owner, "__name__", repr(owner)), attr)
-        for owner, attr in entries
-    }
+    return {(_name(owner), attr) for owner, attr in entries}
+
+
+def _name(owner: Any) -> str:
+    return str(getattr(owner, "__qualname__", None) or getattr(owner, "__name__", None) or repr(owner))
 
 
 def is_installed(owner: Any, attr: str) -> bool:
