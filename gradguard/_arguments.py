@@ -24,25 +24,26 @@ class Argument:
 
     ``args`` are the positional arguments as wrapt hands them to a wrapper: without ``self``/``cls``
     when ``instance`` is given (a bound call). ``func`` may be a function, a bound method (its ``self``
-    is counted) or a staticmethod's function.
+    is counted) or a staticmethod's function. ``what`` names it in errors, ``hint`` ends them.
     """
 
     __slots__ = ("name", "index", "default", "what")
 
-    def __init__(self, func: Callable[..., Any], name: str, *, what: str | None = None) -> None:
+    def __init__(self, func: Callable[..., Any], name: str, *, what: str | None = None, hint: str = "") -> None:
         self.what = what or getattr(func, "__qualname__", repr(func))
+        hint = f". {hint}" if hint else ""
         if inspect.ismethod(func):
             func = func.__func__  # count self/cls: wrapt hands bound calls their args without it
         try:
             parameters = list(inspect.signature(func).parameters.values())
         except (TypeError, ValueError) as exc:
-            raise GradGuardError(f"{self.what}: its signature cannot be read ({exc})") from exc
+            raise GradGuardError(f"{self.what}: its signature cannot be read ({exc}){hint}") from exc
         names = [p.name for p in parameters]
         if name not in names:
-            raise GradGuardError(f"{self.what} has no parameter {name!r}; its parameters are {names}")
+            raise GradGuardError(f"{self.what} has no parameter {name!r}; its parameters are {names}{hint}")
         parameter = parameters[names.index(name)]
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-            raise GradGuardError(f"{self.what}: {name!r} is *{name} / **{name}; name a single parameter instead")
+            raise GradGuardError(f"{self.what}: {name!r} is *{name} / **{name}; name a single parameter instead{hint}")
         self.name = name
         positional = parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
         self.index: int | None = names.index(name) if positional else None

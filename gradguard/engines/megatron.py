@@ -22,7 +22,6 @@ from typing import Any
 
 from .._arguments import MISSING, Argument
 from .._contract import LossCheck
-from .._errors import GradGuardError
 from .._policy import DETACH, OFF, resolve
 from .._publish import publish
 from .._results import guard_loss_func
@@ -65,13 +64,11 @@ def _checked_forward_step_func(forward_step_func: Any) -> Any:
 
 def _arguments(func: Any, names: tuple[str, ...]) -> list[Argument]:
     what = f"megatron-core's {getattr(func, '__qualname__', func)}"
-    try:
-        return [Argument(func, name, what=what) for name in names]
-    except GradGuardError as exc:
-        raise GradGuardError(
-            f"{exc}. The gradguard megatron adapter reads it; this megatron-core release "
-            f"({ADAPTER.version()}) is outside the supported range {ADAPTER.supported!r}"
-        ) from None
+    hint = (
+        f"The gradguard megatron adapter reads it; this megatron-core release ({ADAPTER.version()}) is "
+        f"outside the supported range {ADAPTER.supported!r}"
+    )
+    return [Argument(func, name, what=what, hint=hint) for name in names]
 
 
 def _calc_loss_wrapper(func: Any) -> Any:
@@ -138,6 +135,8 @@ def _target(module: ModuleType) -> str:
 
 
 class MegatronAdapter(Adapter):
+    """Guards ``forward_data_store`` where megatron-core's pipeline schedules append to it."""
+
     name = "megatron"
     modules = ("megatron.core.pipeline_parallel.schedules",)
     package = "megatron-core"

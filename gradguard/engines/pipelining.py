@@ -63,6 +63,8 @@ def _eval(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, 
 
 
 class PipeliningAdapter(Adapter):
+    """Detaches what torch.distributed.pipelining's schedules hand back and keep, after each step."""
+
     name = "pipelining"
     modules = ("torch.distributed.pipelining.schedules",)
     package = "torch"

@@ -57,6 +57,8 @@ def _wrapper(method: Any, label: str) -> Any:
 
 
 class VerlAdapter(Adapter):
+    """Keeps verl engines' loss live and checked and publishes the rest of each micro-batch's result."""
+
     name = "verl"
     modules = tuple(TARGETS)
     package = "verl"
