@@ -273,7 +273,13 @@ def test_threads_lose_nothing_and_stats_stay_consistent() -> None:
 
 
 def test_reset_racing_a_publishing_thread_never_breaks_stats() -> None:
-    """d09: reset_stats() while another thread published left stats() raising KeyError until the next reset."""
+    """d09: reset_stats() while another thread published left stats() raising KeyError until the next reset.
+
+    The race, as reported: a producer thread publishes graph records without pause while this thread
+    resets and reads; before the fix, with four producers, it broke within a second or two.
+    """
+    import time
+
     x = torch.randn(2, requires_grad=True)
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -286,22 +292,38 @@ def test_reset_racing_a_publishing_thread_never_breaks_stats() -> None:
 
     previous = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
-    thread = threading.Thread(target=producer)
-    thread.start()
+    threads = [threading.Thread(target=producer) for _ in range(4)]
+    for thread in threads:
+        thread.start()
     try:
-        for _ in range(300):
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline and not errors:
             gradguard.reset_stats()
+            time.sleep(0.0005)  # let the producer run into the reset
             try:
                 gradguard.stats()
             except Exception as exc:  # noqa: BLE001 - any exception is the defect
                 errors.append(exc)
     finally:
         stop.set()
-        thread.join()
+        for thread in threads:
+            thread.join()
         sys.setswitchinterval(previous)
     assert errors == []
     rows = gradguard.stats()  # and afterwards, with nothing publishing
     assert all(s.records > 0 for s in rows.values())
+
+
+def test_a_reset_between_a_new_site_and_its_first_count_is_ignored_not_fatal() -> None:
+    """d09, the interleaving itself: a thread made a site's row, a reset came, then it counted."""
+    from gradguard import _stats
+
+    count, _ = _stats.new_site("racy", "detach", None, "here:1", 16)
+    gradguard.reset_stats()
+    count.add(1)  # the other thread goes on with the counters it holds
+    assert gradguard.stats() == {}  # the reset wins; nothing raises
+    gradguard.guard([], name="racy").append(torch.ones(2, requires_grad=True) * 2)
+    assert [s.records for s in gradguard.stats().values()] == [1]
 
 
 def test_threads_that_ended_keep_their_counts_and_leave_no_tally() -> None:
