@@ -46,10 +46,12 @@ __all__ = [
     "TENSOR",
     "Spec",
     "is_builtin_atom",
+    "Slot",
     "object_state",
     "register_container",
     "register_internal",
     "spec_for",
+    "state_keys",
     "unregister_container",
 ]
 
@@ -91,65 +93,75 @@ def is_builtin_atom(cls: type) -> bool:
 # Instance state: __dict__ and slots
 # --------------------------------------------------------------------------------------------------
 
-_slot_names: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
+class Slot(NamedTuple):
+    """One slot of an instance: its attribute name (mangled, as Python stores it) and its descriptor."""
+
+    name: str
+    descriptor: Any
 
 
-def _slots(cls: type) -> tuple[str, ...]:
+_slot_cache: weakref.WeakKeyDictionary[type, tuple[Slot, ...]] = weakref.WeakKeyDictionary()
+
+
+def _slots(cls: type) -> tuple[Slot, ...]:
+    """The slots every class of ``cls``'s MRO declares, with the descriptor of the class declaring each."""
     try:
-        return _slot_names[cls]
+        return _slot_cache[cls]
     except (KeyError, TypeError):
         pass
-    names: list[str] = []
+    found: list[Slot] = []
     for base in cls.__mro__:
         declared = base.__dict__.get("__slots__", ())
         for name in (declared,) if isinstance(declared, str) else declared:
-            if name not in ("__dict__", "__weakref__") and name not in names:
-                names.append(name)
-    found = tuple(names)
+            if name in ("__dict__", "__weakref__"):
+                continue
+            if name.startswith("__") and not name.endswith("__"):
+                name = f"_{base.__name__.lstrip('_')}{name}"  # the name Python mangled it to
+            descriptor = base.__dict__.get(name)
+            if isinstance(descriptor, types.MemberDescriptorType):
+                found.append(Slot(name, descriptor))
+    slots = tuple(found)
     try:
-        _slot_names[cls] = found
+        _slot_cache[cls] = slots
     except TypeError:
         pass  # an unhashable metaclass: recomputed each time
-    return found
+    return slots
 
 
-def object_state(obj: Any) -> tuple[list[str], list[Any]]:
-    """The instance's own attributes, ``__dict__`` first, then set slots: ``(names, values)``.
+def object_state(obj: Any) -> tuple[list[str | Slot], list[Any]]:
+    """The instance's own attributes, ``__dict__`` entries first, then the slots that are set.
 
-    Read without running user code: the instance dictionary and the slot descriptors directly.
+    ``(where, values)``: ``where`` holds a ``__dict__`` key or a :class:`Slot` per value. Read without
+    running user code: the instance dictionary and the slot descriptors directly.
     """
-    names: list[str] = []
+    where: list[str | Slot] = []
     values: list[Any] = []
     state = getattr(obj, "__dict__", None)
     if type(state) is dict:
-        names.extend(state)
+        where.extend(state)
         values.extend(state.values())
-    for name in _slots(type(obj)):
-        descriptor = getattr(type(obj), name, None)
-        if descriptor is None or not hasattr(descriptor, "__get__"):
-            continue
+    for slot in _slots(type(obj)):
         try:
-            value = descriptor.__get__(obj, type(obj))
+            value = slot.descriptor.__get__(obj, type(obj))
         except AttributeError:
             continue  # declared, never set
-        names.append("\0slot:" + name)
+        where.append(slot)
         values.append(value)
-    return names, values
+    return where, values
 
 
-def _set_state(new: Any, names: list[str], values: Sequence[Any]) -> None:
-    instance_dict = None
-    for name, value in zip(names, values):
-        if name.startswith("\0slot:"):
-            object.__setattr__(new, name[6:], value)
+def _set_state(new: Any, where: list[str | Slot], values: Sequence[Any]) -> None:
+    """Set ``values`` on ``new`` where :func:`object_state` read them (frozen classes included)."""
+    for place, value in zip(where, values):
+        if isinstance(place, Slot):
+            place.descriptor.__set__(new, value)
         else:
-            if instance_dict is None:
-                instance_dict = new.__dict__
-            instance_dict[name] = value
+            new.__dict__[place] = value
 
 
-def _state_keys(names: list[str]) -> list[str]:
-    return [f".{n[6:] if n.startswith(chr(0) + 'slot:') else n}" for n in names]
+def state_keys(where: list[str | Slot]) -> list[str]:
+    """Path segments of the state :func:`object_state` read: ``.name`` each."""
+    return [f".{place.name if isinstance(place, Slot) else place}" for place in where]
 
 
 def _new_instance(cls: type, base_new: Callable[..., Any]) -> Any:
@@ -196,7 +208,7 @@ def _dict_spec(cls: type) -> Spec:
         return [dict.__getitem__(obj, k) for k in keys] + state, (keys, names, type(obj), factory)
 
     def keys(obj: Any, context: Any) -> list[str]:
-        return [f"[{_safe_repr(k)}]" for k in context[0]] + _state_keys(context[1])
+        return [f"[{_safe_repr(k)}]" for k in context[0]] + state_keys(context[1])
 
     return Spec(f"{cls.__qualname__} (dict)", flatten, unflatten, keys, lambda context: context[0])
 
@@ -262,7 +274,7 @@ def _deque_unflatten(children: list[Any], context: Any) -> Any:
 def _sequence_keys(obj: Any, context: Any) -> list[str]:
     n, names = context[0], context[1]
     fields: tuple[str, ...] = getattr(context[2], "_fields", ()) if _pytree.is_namedtuple_class(context[2]) else ()
-    return [f".{f}" for f in fields[:n]] + [f"[{i}]" for i in range(len(fields), n)] + _state_keys(names)
+    return [f".{f}" for f in fields[:n]] + [f"[{i}]" for i in range(len(fields), n)] + state_keys(names)
 
 
 def _structseq_keys(obj: Any, context: Any) -> list[str]:
@@ -301,7 +313,7 @@ def _state_unflatten(children: list[Any], context: Any) -> Any:
     return new
 
 
-_STATE = Spec("object state", _state_flatten, _state_unflatten, lambda o, c: _state_keys(c[0]))
+_STATE = Spec("object state", _state_flatten, _state_unflatten, lambda o, c: state_keys(c[0]))
 
 
 def _mappingproxy_flatten(obj: types.MappingProxyType[Any, Any]) -> tuple[list[Any], Any]:

@@ -53,44 +53,50 @@ class _Install(abc.ABC):
 class _EngineInstall(_Install):
     """An engine adapter: instrument its modules now if imported, and on import otherwise."""
 
-    _hooked: set[str] = set()  # modules with a post-import hook (wrapt cannot remove one; it checks _counts)
+    # Modules waiting with a post-import hook. wrapt's hooks fire once, on the next import, and are
+    # then dropped: one hook per module is enough whatever the number of scopes, and a module
+    # imported again later (after leaving sys.modules) gets a new one when an install starts.
+    _waiting: set[str] = set()
 
     def __init__(self, adapter: _engines.Adapter) -> None:
         self.adapter = adapter
         self.key = ("engine", adapter.name)
-        self.instrumented: set[str] = set()
+        self.instrumented: dict[str, ModuleType] = {}  # the module objects patched: restored even if re-imported
 
     def install(self) -> None:
         for name in self.adapter.modules:
-            if name in sys.modules:
-                self.instrument(sys.modules[name])
-            if name not in self._hooked:
-                self._hooked.add(name)
-                wrapt.register_post_import_hook(self._on_import, name)
+            module = sys.modules.get(name)
+            if module is not None:
+                self.instrument(module)
+            elif name not in self._waiting:
+                self._waiting.add(name)
+                wrapt.register_post_import_hook(_on_import, name)
 
     def instrument(self, module: ModuleType) -> None:
-        if module.__name__ not in self.instrumented:
+        if self.instrumented.get(module.__name__) is not module:
             self.adapter.instrument(module)
-            self.instrumented.add(module.__name__)
-
-    def _on_import(self, module: ModuleType) -> None:
-        with _lock:
-            current = _active.get(self.key)
-            if not isinstance(current, _EngineInstall):
-                return
-            try:
-                current.instrument(module)
-            except GradGuardError as exc:  # raising here would fail the user's import
-                warnings.warn(
-                    f"gradguard: the {self.adapter.name} adapter was not installed: {exc}",
-                    GradGuardWarning,
-                    stacklevel=2,
-                )
+            self.instrumented[module.__name__] = module
 
     def uninstall(self) -> None:
         for name in sorted(self.instrumented):
-            self.adapter.uninstrument(sys.modules[name])
+            self.adapter.uninstrument(self.instrumented[name])
         self.instrumented.clear()
+
+
+def _on_import(module: ModuleType) -> None:
+    """A waited-for engine module was imported: instrument it for every engine install active now."""
+    with _lock:
+        _EngineInstall._waiting.discard(module.__name__)
+        for install in list(_active.values()):
+            if isinstance(install, _EngineInstall) and module.__name__ in install.adapter.modules:
+                try:
+                    install.instrument(module)
+                except GradGuardError as exc:  # raising here would fail the user's import
+                    warnings.warn(
+                        f"gradguard: the {install.adapter.name} adapter was not installed: {exc}",
+                        GradGuardWarning,
+                        stacklevel=2,
+                    )
 
 
 class _StoreInstall(_Install):

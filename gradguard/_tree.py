@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import torch
 
 from . import _containers
-from ._containers import ATOM, OPAQUE, SEALED, TENSOR, Spec, object_state, spec_for
+from ._containers import ATOM, OPAQUE, SEALED, TENSOR, Spec, object_state, spec_for, state_keys
 from ._errors import GradGuardError
 
 __all__ = [
@@ -322,11 +322,11 @@ def iter_tensors(obj: Any) -> Iterator[tuple[str, torch.Tensor]]:
         labels: list[str]
         if spec is TENSOR:
             yield path, item
-            names, children = object_state(item) if item.__dict__ else ([], [])
-            labels = [f".{n}" for n in names]
+            where, children = object_state(item) if item.__dict__ else ([], [])
+            labels = state_keys(where)
         elif spec is OPAQUE:
-            names, children = object_state(item)
-            labels = [f".{n.removeprefix(chr(0) + 'slot:')}" for n in names]
+            where, children = object_state(item)
+            labels = state_keys(where)
         elif spec is SEALED:
             children = list(item)
             labels = [f"{{#{i}}}" for i in range(len(children))]

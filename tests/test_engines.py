@@ -63,3 +63,30 @@ def test_an_engine_imported_later_with_an_unreadable_signature_warns_and_imports
         for w in caught
     )
     assert not isinstance(module.forward_step_calc_loss, wrapt.FunctionWrapper)
+
+
+def test_an_engine_module_imported_again_is_instrumented_again_and_both_are_restored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """wrapt's post-import hooks fire once: a module that left sys.modules and is imported again under a
+    later scope still gets one, and each module object patched is the one restored."""
+
+    def schedules() -> types.ModuleType:
+        module = types.ModuleType(SCHEDULES)
+        exec(  # noqa: S102 - a stand-in with the signature megatron-core 0.19 has
+            "def forward_step_calc_loss(model, output_tensor, loss_func, config, vp_stage, collect_non_loss_data,"
+            " num_microbatches, forward_data_store, cp_group_size=None, is_last_stage=None):\n    pass",
+            module.__dict__,
+        )
+        return module
+
+    monkeypatch.delitem(sys.modules, SCHEDULES, raising=False)
+    first, second = schedules(), schedules()
+    originals = first.forward_step_calc_loss, second.forward_step_calc_loss
+    for module in (first, second):
+        with gradguard.enforce(engines=["megatron"]):
+            monkeypatch.setitem(sys.modules, SCHEDULES, module)
+            wrapt.notify_module_loaded(module)  # an import, as wrapt's finder reports it
+            assert isinstance(module.forward_step_calc_loss, wrapt.FunctionWrapper)
+            monkeypatch.delitem(sys.modules, SCHEDULES)  # gone from sys.modules while patched
+        assert module.forward_step_calc_loss is originals[(module is second)]  # restored all the same

@@ -290,3 +290,28 @@ def test_registering_a_type_twice_needs_replace() -> None:
         assert detach_tree(b) is b  # the replacement's flatten sees no children
     finally:
         gradguard.unregister_container(Box)
+
+
+def test_private_and_shadowed_slots_are_kept() -> None:
+    """Slots are read and written through the descriptor of the class that declares them: a mangled
+    ``__x`` slot, and a slot a subclass shadows with a property, survive a rebuild."""
+
+    class Private(list):  # type: ignore[type-arg]
+        __slots__ = ("__x", "y")
+
+    p = Private([grad_tensor()])
+    p._Private__x = "private"  # type: ignore[attr-defined]
+    p.y = grad_tensor()  # type: ignore[attr-defined]
+    out = detach_tree(p)
+    assert out._Private__x == "private" and out.y.grad_fn is None and out[0].grad_fn is None
+    assert [g.path for g in find_graphs(p)] == ["[0]", ".y"]
+
+    class Holder(list):  # type: ignore[type-arg]
+        __slots__ = ("v",)
+
+    class Shadowing(Holder):
+        v = property(lambda self: "shadowed")  # type: ignore[assignment]
+
+    s = Shadowing([grad_tensor()])
+    Holder.v.__set__(s, "real")  # type: ignore[attr-defined]
+    assert Holder.v.__get__(detach_tree(s)) == "real"  # type: ignore[attr-defined]
