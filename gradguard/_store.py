@@ -6,10 +6,10 @@ Two kinds, for two needs:
   store, a real subclass of that type holding the given items: every consumer of the type accepts it
   (``torch.stack``, ``torch.tensor``, ``json``, pytree, ``torch.compile``, ``type(store)(iterable)``).
   A ``defaultdict``'s missing container values become guarded stores too.
-* Any other object with ``append`` (``UserList``, a list or dict subclass, a custom store) is guarded
-  *in place*: a ``wrapt.ObjectProxy`` whose every mutating method publishes, the object itself
-  receiving what is stored. Engine adapters guard their engines' own lists this way, for the
-  duration of a call.
+* Any other mutable sequence or mapping (``UserList``, a subclass of ``list`` or ``dict``) or object
+  with ``append`` is guarded *in place*: a ``wrapt.ObjectProxy`` whose every way in publishes, the
+  object itself receiving what is stored. Engine adapters guard their engines' own lists this way,
+  for the duration of a call.
 
 Copying or pickling a store yields the plain container, without the guard.
 """
