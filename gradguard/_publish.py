@@ -38,7 +38,19 @@ def publish(value: Any, store: str, mode: Mode | None = None, to_host: ToHost | 
 
     ``to_host``, when given, then moves what is stored off the accelerator (``offload="cpu"``).
     """
-    return publish_many((value,), store, mode, to_host)[0]
+    mode = resolve(mode)
+    if mode == OFF:
+        return value
+    if mode == RAISE:
+        _refuse_graphs(store, (value,))
+    new, tensors = detach(value)
+    if mode == WARN:
+        _warn_kept(store, new)  # before counting: a warning turned into an error stores nothing
+    if new is value:
+        _stats.count_clean(store)
+    else:
+        _site(store, mode, value).add(tensors)
+    return new if to_host is None else to_host(new)
 
 
 def publish_many(
@@ -67,7 +79,7 @@ def publish_many(
     return news if to_host is None else [to_host(new) for new in news]
 
 
-def _refuse_graphs(store: str, values: list[Any]) -> None:
+def _refuse_graphs(store: str, values: Iterable[Any]) -> None:
     for value in values:
         graphs = find_graphs(value)
         if graphs:

@@ -40,12 +40,9 @@ _Tensor = torch.Tensor
 _MAX_DEPTH = 100
 
 
-class Detached(NamedTuple):
-    """What one :func:`detach` walk did: the detached object (the input itself when nothing changed)
-    and the number of distinct graph tensors it replaced."""
-
-    value: Any
-    tensors: int
+Detached = tuple[Any, int]
+"""What one :func:`detach` walk did: the detached object (the input itself when nothing changed) and
+the number of distinct graph tensors it replaced."""
 
 
 def detach_tree(obj: Any) -> Any:
@@ -64,14 +61,14 @@ def detach_tree(obj: Any) -> Any:
       * Any depth and self-reference terminate; a self-referencing container that would have to be
         rebuilt raises :class:`GradGuardError`, as does a container whose rebuild fails.
     """
-    return detach(obj).value
+    return _Walk(_detach_tensor).visit(obj, 0)
 
 
 def detach(obj: Any) -> Detached:
     """:func:`detach_tree`, also telling how many tensors it detached."""
     walk = _Walk(_detach_tensor)
     value = walk.visit(obj, 0)
-    return Detached(value, walk.replaced)
+    return value, len(walk.tensors)
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -88,7 +85,8 @@ def substitute(obj: Any, replacements: dict[int, tuple[Any, Any]]) -> Any:
     The same exact rebuild and sharing as :func:`detach_tree`; nothing else is replaced.
     """
     walk = _Walk(_same)
-    walk.memo.update(replacements)
+    for key, (old, new) in replacements.items():
+        (walk.tensors if isinstance(old, torch.Tensor) else walk.replaced)[key] = (old, new)
     return walk.visit(obj, 0)
 
 
@@ -101,34 +99,56 @@ def _detach_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Walk:
-    """One walk: the tensor function, what was replaced already, and the containers being walked."""
+    """One walk: what it does to a tensor, and what it replaced already.
 
-    __slots__ = ("fn", "memo", "active", "looped", "replaced")
+    ``tensors`` and ``replaced`` map ``id(original)`` to ``(original, replacement)`` for the tensors and
+    the containers that changed (the original is kept so its id cannot be reused by an object made
+    during the walk). The recursive walk does not track the containers it is inside: a cycle recurses
+    until ``_MAX_DEPTH``, where the explicit-stack walk, which does track them, takes over and
+    resolves it.
+    """
+
+    __slots__ = ("fn", "detaching", "tensors", "replaced", "active", "looped")
 
     def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self.fn = fn
-        self.memo: dict[int, tuple[Any, Any]] = {}  # id(original) -> (original, replacement), changed ones only
-        self.active: set[int] = set()  # containers whose children are being walked
-        self.looped: set[int] = set()  # containers met again while being walked
-        self.replaced = 0
+        self.detaching = fn is _detach_tensor  # then a tensor without grad_fn is skipped inline
+        self.tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.replaced: dict[int, tuple[Any, Any]] = {}
+        self.active: set[int] | None = None  # the explicit-stack walk: containers whose children it walks
+        self.looped: set[int] | None = None  # ... and those it met again while walking them
 
     def tensor(self, t: torch.Tensor) -> torch.Tensor:
-        entry = self.memo.get(id(t))
+        """``t`` replaced (once: a tensor met again gets the same replacement)."""
+        if self.detaching:
+            return t if t.grad_fn is None else self.detached(t)
+        entry = self.tensors.get(id(t))
         if entry is not None:
             return entry[1]
         new = self.fn(t)
-        if new is not t:
-            state = t.__dict__
-            if state:  # attributes on the tensor object (t.tag = ...): keep them
-                new.__dict__.update({k: self.visit(v, 1) for k, v in state.items()})
-            self.memo[id(t)] = (t, new)
-            self.replaced += 1
+        return t if new is t else self.keep(t, new)
+
+    def detached(self, t: torch.Tensor) -> torch.Tensor:
+        """``t.detach()`` for a tensor that carries ``grad_fn``; the same object each time ``t`` is met."""
+        entry = self.tensors.get(id(t))
+        if entry is not None:
+            return entry[1]
+        new = t.detach()
+        if t.__dict__:
+            return self.keep(t, new)
+        self.tensors[id(t)] = (t, new)
+        return new
+
+    def keep(self, t: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        if t.__dict__:  # attributes on the tensor object (t.tag = ...): keep them
+            new.__dict__.update({k: self.visit(v, 1) for k, v in t.__dict__.items()})
+        self.tensors[id(t)] = (t, new)
         return new
 
     def visit(self, obj: Any, depth: int) -> Any:
         cls = type(obj)
         if cls is _Tensor:
-            return obj if obj.grad_fn is None and self.fn is _detach_tensor else self.tensor(obj)
+            return self.tensor(obj)
         if cls is str or cls is int or cls is float or cls is bool or obj is None:
             return obj
         if cls is dict or cls is list or cls is tuple:
@@ -144,51 +164,45 @@ class _Walk:
         """An exact ``dict``/``list``/``tuple``: children scanned inline, rebuilt only when one changed."""
         if depth >= _MAX_DEPTH:
             return self.deep(obj)
-        oid = id(obj)
-        entry = self.memo.get(oid)
-        if entry is not None:
-            return entry[1]
-        if oid in self.active:
-            self.looped.add(oid)
-            return obj
-        self.active.add(oid)
+        replaced = self.replaced
+        if replaced:
+            entry = replaced.get(id(obj))
+            if entry is not None:
+                return entry[1]
+        items = obj.values() if cls is dict else obj
         new: list[Any] | None = None
-        index = 0
-        for child in obj.values() if cls is dict else obj:
+        for index, child in enumerate(items):
             kind = type(child)
             if kind is _Tensor:
-                if child.grad_fn is None and self.fn is _detach_tensor:
-                    index += 1
-                    continue
-                value = self.tensor(child)
+                if not self.detaching:
+                    value = self.tensor(child)
+                elif child.grad_fn is None:
+                    continue  # the common clean child, without a call
+                else:
+                    value = self.detached(child)
+            elif kind is dict or kind is list or kind is tuple:
+                value = self.builtin(child, kind, depth + 1)
             elif kind is str or kind is float or kind is int or kind is bool or child is None:
-                index += 1
                 continue
             else:
                 value = self.visit(child, depth + 1)
             if value is not child:
                 if new is None:
-                    new = list(obj.values()) if cls is dict else list(obj)
+                    new = list(items)
                 new[index] = value
-            index += 1
-        self.active.discard(oid)
         if new is None:
             return obj
         result: Any = dict(zip(obj, new)) if cls is dict else new if cls is list else tuple(new)
-        return self.replace(obj, result)
+        replaced[id(obj)] = (obj, result)
+        return result
 
     def container(self, obj: Any, spec: Spec, depth: int) -> Any:
         """Any other container, through its spec."""
         if depth >= _MAX_DEPTH:
             return self.deep(obj)
-        oid = id(obj)
-        entry = self.memo.get(oid)
+        entry = self.replaced.get(id(obj))
         if entry is not None:
             return entry[1]
-        if oid in self.active:
-            self.looped.add(oid)
-            return obj
-        self.active.add(oid)
         children, context = spec.flatten(obj)
         new: list[Any] | None = None
         for i, child in enumerate(children):
@@ -197,23 +211,28 @@ class _Walk:
                 if new is None:
                     new = list(children)
                 new[i] = value
-        self.active.discard(oid)
         if new is None:
             return obj
-        return self.replace(obj, spec.unflatten(new, context))
+        result = spec.unflatten(new, context)
+        self.replaced[id(obj)] = (obj, result)
+        return result
 
     def replace(self, obj: Any, new: Any) -> Any:
+        """The explicit-stack walk's record of a rebuilt container; one that contains itself cannot be."""
+        assert self.looped is not None
         if id(obj) in self.looped:
             raise GradGuardError(
                 f"gradguard: a {type(obj).__qualname__} contains itself and holds a tensor that carries a "
                 "graph; a rebuilt copy cannot keep that self-reference. Break the cycle, or detach the "
                 "tensor where it is created."
             )
-        self.memo[id(obj)] = (obj, new)
+        self.replaced[id(obj)] = (obj, new)
         return new
 
     def deep(self, root: Any) -> Any:
         """The same walk with an explicit stack, for a subtree below ``_MAX_DEPTH`` levels."""
+        active = self.active = self.active or set()
+        looped = self.looped = self.looped or set()
         # frame: [obj, spec, children, context, next index, new children or None]
         stack: list[list[Any]] = []
         result: Any = None
@@ -227,13 +246,13 @@ class _Walk:
             if spec is ATOM or spec is OPAQUE or spec is SEALED:
                 return True, obj
             oid = id(obj)
-            entry = self.memo.get(oid)
+            entry = self.replaced.get(oid)
             if entry is not None:
                 return True, entry[1]
-            if oid in self.active:
-                self.looped.add(oid)
+            if oid in active:
+                looped.add(oid)
                 return True, obj
-            self.active.add(oid)
+            active.add(oid)
             children, context = spec.flatten(obj)
             stack.append([obj, spec, list(children), context, 0, None])
             return False, None
@@ -251,7 +270,7 @@ class _Walk:
                     new[i] = value
                 continue
             stack.pop()
-            self.active.discard(id(obj))
+            active.discard(id(obj))
             value = obj if new is None else self.replace(obj, spec.unflatten(new, context))
             if stack:
                 parent = stack[-1]
