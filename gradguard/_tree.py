@@ -86,7 +86,7 @@ def substitute(obj: Any, replacements: dict[int, tuple[Any, Any]]) -> Any:
     """
     walk = _Walk(_same)
     for key, (old, new) in replacements.items():
-        (walk.tensors if isinstance(old, torch.Tensor) else walk.replaced)[key] = (old, new)
+        (walk.tensors if isinstance(old, torch.Tensor) else walk.walked)[key] = (old, new)
     return walk.visit(obj, 0)
 
 
@@ -101,20 +101,22 @@ def _detach_tensor(t: torch.Tensor) -> torch.Tensor:
 class _Walk:
     """One walk: what it does to a tensor, and what it replaced already.
 
-    ``tensors`` and ``replaced`` map ``id(original)`` to ``(original, replacement)`` for the tensors and
-    the containers that changed (the original is kept so its id cannot be reused by an object made
-    during the walk). The recursive walk does not track the containers it is inside: a cycle recurses
-    until ``_MAX_DEPTH``, where the explicit-stack walk, which does track them, takes over and
-    resolves it.
+    ``tensors`` maps ``id(original)`` to ``(original, replacement)`` for the tensors that changed,
+    ``walked`` for every container walked to its end, the unchanged ones mapped to themselves (the
+    original is kept so its id cannot be reused by an object made during the walk). Without that memo
+    a container reached twice at every level (a dict that holds itself and a list holding it) is
+    walked an exponential number of times. The recursive walk does not track the containers it is
+    inside: a cycle recurses until ``_MAX_DEPTH``, where the explicit-stack walk, which does track
+    them, takes over and resolves it.
     """
 
-    __slots__ = ("fn", "detaching", "tensors", "replaced", "active", "looped")
+    __slots__ = ("fn", "detaching", "tensors", "walked", "active", "looped")
 
     def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self.fn = fn
         self.detaching = fn is _detach_tensor  # then a tensor without grad_fn is skipped inline
         self.tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.replaced: dict[int, tuple[Any, Any]] = {}
+        self.walked: dict[int, tuple[Any, Any]] = {}
         self.active: set[int] | None = None  # the explicit-stack walk: containers whose children it walks
         self.looped: set[int] | None = None  # ... and those it met again while walking them
 
@@ -164,11 +166,10 @@ class _Walk:
         """An exact ``dict``/``list``/``tuple``: children scanned inline, rebuilt only when one changed."""
         if depth >= _MAX_DEPTH:
             return self.deep(obj)
-        replaced = self.replaced
-        if replaced:
-            entry = replaced.get(id(obj))
-            if entry is not None:
-                return entry[1]
+        walked = self.walked
+        entry = walked.get(id(obj))
+        if entry is not None:
+            return entry[1]
         items = obj.values() if cls is dict else obj
         new: list[Any] | None = None
         for index, child in enumerate(items):
@@ -191,16 +192,17 @@ class _Walk:
                     new = list(items)
                 new[index] = value
         if new is None:
+            walked[id(obj)] = (obj, obj)
             return obj
         result: Any = dict(zip(obj, new)) if cls is dict else new if cls is list else tuple(new)
-        replaced[id(obj)] = (obj, result)
+        walked[id(obj)] = (obj, result)
         return result
 
     def container(self, obj: Any, spec: Spec, depth: int) -> Any:
         """Any other container, through its spec."""
         if depth >= _MAX_DEPTH:
             return self.deep(obj)
-        entry = self.replaced.get(id(obj))
+        entry = self.walked.get(id(obj))
         if entry is not None:
             return entry[1]
         children, context = spec.flatten(obj)
@@ -211,14 +213,12 @@ class _Walk:
                 if new is None:
                     new = list(children)
                 new[i] = value
-        if new is None:
-            return obj
-        result = spec.unflatten(new, context)
-        self.replaced[id(obj)] = (obj, result)
+        result = obj if new is None else spec.unflatten(new, context)
+        self.walked[id(obj)] = (obj, result)
         return result
 
     def replace(self, obj: Any, new: Any) -> Any:
-        """The explicit-stack walk's record of a rebuilt container; one that contains itself cannot be."""
+        """A rebuilt container of the explicit-stack walk; one that contains itself cannot be rebuilt."""
         assert self.looped is not None
         if id(obj) in self.looped:
             raise GradGuardError(
@@ -226,7 +226,6 @@ class _Walk:
                 "graph; a rebuilt copy cannot keep that self-reference. Break the cycle, or detach the "
                 "tensor where it is created."
             )
-        self.replaced[id(obj)] = (obj, new)
         return new
 
     def deep(self, root: Any) -> Any:
@@ -246,7 +245,7 @@ class _Walk:
             if spec is ATOM or spec is OPAQUE or spec is SEALED:
                 return True, obj
             oid = id(obj)
-            entry = self.replaced.get(oid)
+            entry = self.walked.get(oid)
             if entry is not None:
                 return True, entry[1]
             if oid in active:
@@ -272,6 +271,7 @@ class _Walk:
             stack.pop()
             active.discard(id(obj))
             value = obj if new is None else self.replace(obj, spec.unflatten(new, context))
+            self.walked[id(obj)] = (obj, value)
             if stack:
                 parent = stack[-1]
                 j = parent[4] - 1

@@ -192,3 +192,46 @@ def test_deep_transient_children_from_flatten_not_confused() -> None:
         assert all(p.a.grad_fn is None for p in out)
     finally:
         gradguard.unregister_container(Pair)
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_a_container_reached_twice_at_every_level_is_walked_once(changed: bool) -> None:
+    """Each level holds the level below twice (as a dict holding itself and a list of itself does):
+    without remembering what it walked, the walk visits the bottom 2**levels times and never ends."""
+    flattened: list[int] = []
+
+    class Node:
+        def __init__(self, left: Any, right: Any) -> None:
+            self.left, self.right = left, right
+
+    def flatten(node: Node) -> tuple[list[Any], None]:
+        flattened.append(id(node))
+        return [node.left, node.right], None
+
+    gradguard.register_container(Node, flatten, lambda children, _: Node(*children))
+    try:
+        levels = 24
+        obj: Any = grad_tensor() if changed else plain_tensor()
+        for _ in range(levels):
+            obj = [Node(obj, obj)]  # an exact list above each Node: both walk paths are exercised
+        out = detach_tree(obj)
+        assert len(flattened) == levels
+        assert (out is obj) is not changed
+        for _ in range(levels):
+            assert out[0].left is out[0].right
+            out = out[0].left
+        assert out.grad_fn is None
+    finally:
+        gradguard.unregister_container(Node)
+
+
+def test_a_dict_holding_itself_twice_terminates() -> None:
+    d: dict[str, Any] = {"a": plain_tensor(), "n": [1]}
+    d["self"] = d
+    d["n"].append(d)
+    d["m"] = [[d, d], d]
+    assert detach_tree(d) is d
+    g = grad_tensor()
+    d["g"] = g
+    with pytest.raises(GradGuardError, match="contains itself"):
+        detach_tree(d)
