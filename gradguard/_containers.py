@@ -93,6 +93,7 @@ def is_builtin_atom(cls: type) -> bool:
 # Instance state: __dict__ and slots
 # --------------------------------------------------------------------------------------------------
 
+
 class Slot(NamedTuple):
     """One slot of an instance: its attribute name (mangled, as Python stores it) and its descriptor."""
 
