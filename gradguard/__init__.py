@@ -6,6 +6,7 @@ gradguard detaches what is published at that boundary, after the loss is compute
 the loss used for backward still requires grad.
 """
 
+from ._audit import Retention, RetentionReport, audit
 from ._compile import skip_in_dynamo as _skip_in_dynamo
 from ._containers import register_container, unregister_container
 from ._contract import check_loss
@@ -24,6 +25,7 @@ from ._stats import SiteStats, Stats, reset_stats, stats
 from ._step import forward_step
 from ._store import guard, unwrap
 from ._tree import GraphRecord, detach_tree, find_graphs
+from ._watch import Watcher, watch
 
 _skip_in_dynamo()
 __version__ = "0.1.0"
@@ -36,9 +38,13 @@ __all__ = [
     "GraphRetentionWarning",
     "LossContractError",
     "LossContractWarning",
+    "Retention",
+    "RetentionReport",
     "SiteStats",
     "Stats",
+    "Watcher",
     "__version__",
+    "audit",
     "check_loss",
     "detach_tree",
     "enforce",
@@ -53,4 +59,5 @@ __all__ = [
     "stats",
     "unregister_container",
     "unwrap",
+    "watch",
 ]

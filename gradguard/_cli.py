@@ -1,4 +1,4 @@
-"""The ``gradguard`` command: ``gradguard bench`` and ``gradguard doctor``."""
+"""The ``gradguard`` command: ``gradguard bench``, ``gradguard doctor`` and ``gradguard run``."""
 
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ def _output(text: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:  # its own parser: everything after the script belongs to the script
+        return _run(argv[1:])
     parser = argparse.ArgumentParser(
         prog="gradguard", description="Keep per-micro-batch records from pinning autograd graphs."
     )
@@ -69,6 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     sub.add_parser("doctor", help="what gradguard sees here: torch, CUDA, TE, engines, mode")
+    sub.add_parser(
+        "run",
+        help="run a script (or -m module) under enforce() and the step-boundary watch",
+        usage=_RUN_USAGE,
+        add_help=False,
+    )
 
     args = parser.parse_args(argv)
     if args.command == "bench":
@@ -195,3 +204,156 @@ def _progress(total: int, disabled: bool) -> tuple[Any, Any]:
         return (lambda: None), (lambda: None)
     bar = tqdm(total=total, unit="micro-batch", leave=False)
     return (lambda: bar.update(1)), bar.close
+
+
+# --------------------------------------------------------------------------------------------------
+# gradguard run
+# --------------------------------------------------------------------------------------------------
+
+_RUN_USAGE = "gradguard run [--mode MODE] [--audit-every N] (script.py | -m module) [args ...]"
+_RUN_OPTIONS = ("--mode", "--audit-every")
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gradguard run",
+        usage=_RUN_USAGE,
+        description=(
+            "Run a Python script, or a module as `python -m` does, inside gradguard.enforce() and the "
+            "step-boundary watch (gradguard.watch), with no change to its code. At exit, print "
+            "gradguard.stats() and the watch's summary (holders, bytes, steps survived) to stderr. "
+            "In raise mode, exit non-zero when a graph outlived a step boundary."
+        ),
+    )
+    parser.add_argument(
+        "--mode", help="off, detach, warn or raise (default: GRADGUARD, else detach); the watch's mode too"
+    )
+    parser.add_argument(
+        "--audit-every",
+        metavar="N",
+        help="audit every N-th optimizer step; auto (the default, or GRADGUARD_AUDIT when set): as often "
+        "as keeps the audits under 1%% of the run's time; 0/off: no watch",
+    )
+    parser.add_argument("-m", dest="module", metavar="MODULE", help="run library module MODULE as a script")
+    parser.add_argument("script", nargs="?", help="the script (its arguments follow it)")
+    return parser
+
+
+def _split_run(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(gradguard run's own arguments, the target's argv)``: ours end at the script or at ``-m MODULE``."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return argv[:i], argv[i + 1 :]
+        if arg in _RUN_OPTIONS or arg == "-m":
+            if arg == "-m":
+                return argv[: i + 2], argv[i + 2 :]
+            i += 2
+        elif arg.startswith("-m") and not arg.startswith("--"):  # -mpkg.mod, as python takes it
+            return [*argv[:i], "-m", arg[2:]], argv[i + 1 :]
+        elif arg.startswith("-"):
+            i += 1  # --mode=raise, -h, or an unknown option for the parser to refuse
+        else:
+            return argv[:i], argv[i:]
+    return argv, []
+
+
+def _run(argv: list[str]) -> int:
+    own, target = _split_run(argv)
+    parser = _run_parser()
+    args = parser.parse_args(own)
+    if args.module is None and not target:
+        parser.error("give a script to run, or -m MODULE")
+    if args.module is not None and args.script is not None:
+        parser.error("give either a script or -m MODULE, not both")
+
+    from ._errors import GradGuardError
+    from ._policy import get_mode, normalize_mode
+    from ._watch import AUDIT_ENV, parse_audit
+
+    try:
+        get_mode()  # a bad GRADGUARD is refused before the script starts
+        mode = None if args.mode is None else normalize_mode(args.mode, what="--mode")
+        if args.audit_every is not None:
+            every = parse_audit(args.audit_every, what="--audit-every")
+        else:
+            every = parse_audit(os.environ.get(AUDIT_ENV) or "auto", what=AUDIT_ENV)
+    except GradGuardError as exc:
+        print(f"gradguard run: {exc}", file=sys.stderr)
+        return 2
+    if args.module is None:
+        script = target[0]
+        if not os.path.exists(script):
+            print(f"gradguard run: cannot open {script!r}: no such file or directory", file=sys.stderr)
+            return 2
+    return _run_target(args.module, target, mode, every)
+
+
+def _run_target(module: str | None, target: list[str], mode: Any, every: Any) -> int:
+    import contextlib
+    import runpy
+
+    from ._enforce import enforce
+    from ._stats import stats
+    from ._watch import watch
+
+    saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
+    if module is None:
+        sys.argv = list(target)
+        path0 = os.path.dirname(os.path.realpath(target[0]))
+    else:
+        sys.argv = [module, *target]  # runpy puts the module's file name in argv[0], as python -m does
+        path0 = os.getcwd()
+    if sys.path:
+        sys.path[0] = path0
+    else:
+        sys.path.append(path0)
+    watching = None if every is None else watch(every=every, mode=mode)
+    code = 0
+    try:
+        with enforce(mode=mode, audit=0), watching if watching is not None else contextlib.nullcontext():
+            if module is None:
+                runpy.run_path(target[0], run_name="__main__")
+            else:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = _exit_status(exc.code)
+    except BaseException as exc:  # noqa: BLE001 - reported as python would, then the summary
+        tb = _script_traceback(exc.__traceback__)
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        del tb
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    finally:
+        sys.argv = saved_argv
+        if saved_path0 is not None and sys.path:
+            sys.path[0] = saved_path0
+    counted = stats()
+    summary = f"gradguard stats:\n{counted}" if counted else "gradguard stats: no guarded store saw a record"
+    print(summary, file=sys.stderr)
+    if watching is not None:
+        watcher = watching.watcher
+        print(watcher.summary(), file=sys.stderr)
+        if code == 0 and any(entry.outcome == "raised" for entry in watcher.history()):
+            code = 1  # the script caught the GraphRetentionError: the run still failed
+    return code
+
+
+def _script_traceback(tb: Any) -> Any:
+    """The traceback from the script's first frame on, as python shows it: without this module and runpy."""
+    own = os.path.abspath(__file__)
+    while tb is not None and tb.tb_next is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if os.path.abspath(filename) != own and "runpy" not in filename:
+            break
+        tb = tb.tb_next
+    return tb
+
+
+def _exit_status(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1

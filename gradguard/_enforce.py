@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import contextvars
+import os
 import sys
 import threading
 import warnings
@@ -225,7 +226,11 @@ class enforce:
     ``{"pkg.module:function": "arg_name"}`` (``function`` may be ``Class.method``, or ``obj.method`` of
     a module-level object) guards that argument of every call, in place; a name the module's function
     is bound to elsewhere by ``from pkg.module import function`` is patched too. A target that cannot
-    be resolved raises :class:`GradGuardError` on entering.
+    be resolved raises :class:`GradGuardError` on entering. ``audit``: also run the step-boundary
+    watch inside (:func:`gradguard.watch` with this ``every``, in the scope's mode): a positive
+    ``int`` or ``"auto"``; ``0`` or ``"off"``: none; ``None`` (the default): the ``GRADGUARD_AUDIT``
+    environment variable, read when the scope is made (a bad value raises :class:`GradGuardError`
+    there). Scopes asking for the same ``every`` share one watch.
 
     As a decorator it scopes the function's body: for a coroutine function while it runs, for a
     generator (or async generator) function each time it resumes, the installs held from its start
@@ -237,10 +242,12 @@ class enforce:
         mode: str | None = None,
         engines: str | Iterable[str] | None = "auto",
         stores: Mapping[str, str] | None = None,
+        audit: int | str | None = None,
     ) -> None:
         self.mode: Mode | None = None if mode is None else normalize_mode(mode)
         self._installs: list[_Install] = [_EngineInstall(_engines.load(name)) for name in _engine_names(engines)]
         self._installs += [_StoreInstall(target, arg) for target, arg in _store_items(stores)]
+        self._installs += _watch_installs(audit)
 
     def __enter__(self) -> enforce:
         _acquire(self._installs)
@@ -378,6 +385,16 @@ class _ScopedAsyncGenerator(_Scoped):
         else:
             await self.__wrapped__.aclose()
         self._self_hold.give_back()
+
+
+def _watch_installs(audit: int | str | None) -> list[_Install]:
+    """The step-boundary watch's install, when ``audit`` (or, for ``None``, ``GRADGUARD_AUDIT``) asks for one."""
+    if audit is None and not os.environ.get("GRADGUARD_AUDIT", "").strip():
+        return []
+    from ._watch import audit_install  # the watch builds on this module: imported when asked for
+
+    install = audit_install(audit)
+    return [] if install is None else [install]
 
 
 def _engine_names(engines: str | Iterable[str] | None) -> list[str]:

@@ -52,13 +52,18 @@ def warn_at(message: str, category: type[Warning], frame: types.FrameType | None
     if frame is None:
         warnings.warn_explicit(message, category, "<unknown>", 0)
         return
-    module_globals = frame.f_globals
+    namespace = frame.f_globals
+    spec = namespace.get("__spec__")
+    # A module run as ``python -m pkg.mod`` is named ``__main__``, but its loader serves only
+    # ``pkg.mod``: given its globals, warn_explicit asks that loader for ``__main__``'s source and
+    # raises ImportError. Without them the line is read from the file, as for any script.
+    same = spec is None or getattr(spec, "name", None) == namespace.get("__name__")
     warnings.warn_explicit(
         message,
         category,
         frame.f_code.co_filename,
         frame.f_lineno,
-        module=module_globals.get("__name__"),
-        registry=module_globals.setdefault("__warningregistry__", {}),
-        module_globals=module_globals,
+        module=namespace.get("__name__"),
+        registry=namespace.setdefault("__warningregistry__", {}),
+        module_globals=namespace if same else None,
     )

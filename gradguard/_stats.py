@@ -27,6 +27,7 @@ __all__ = [
     "SiteStats",
     "Stats",
     "claim_warning",
+    "count_at",
     "count_clean",
     "estimate_of",
     "known_site",
@@ -190,6 +191,24 @@ def new_site(store: str, mode: Mode, frame: types.FrameType | None, site: str, e
             row.codes[id(frame.f_code)] = frame.f_code  # keeps id(f_code) in the threads' keys meaning this code
     count = tally.counts[_key(store, mode, frame)] = Count(row)
     return count, first
+
+
+def count_at(store: str, site: str, records: int, tensors: int, estimate: int) -> None:
+    """Count ``records`` records of ``store`` at ``site``, a site named by the caller rather than a line
+    of code (the step-boundary watch: store ``"audit"``, the repaired holder's path as the site), from
+    which ``tensors`` tensors were detached; ``estimate`` is the site's pinned bytes per record, kept
+    from its first count."""
+    tally = _tally()
+    key = (store, -1, 0, site)  # no code object has id -1: never a line-of-code site's key
+    count = tally.counts.get(key)
+    if count is None:
+        with _lock:
+            row = _rows.get((store, site))
+            if row is None:
+                row = _rows[(store, site)] = _Row(store, site, estimate)
+        count = tally.counts[key] = Count(row)
+    count.records += records
+    count.tensors += tensors
 
 
 def claim_warning(store: str, site: str, kind: str) -> bool:

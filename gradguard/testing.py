@@ -19,10 +19,23 @@ from typing import Any
 
 import torch
 
+from ._audit import Ignore, audit
 from ._memory import MemoryMeter, slope
 from ._tree import find_graphs
 
-__all__ = ["MemoryProbe", "assert_no_graph", "assert_released"]
+__all__ = ["MemoryProbe", "assert_no_graph", "assert_no_retention", "assert_released"]
+
+
+def assert_no_retention(*, ignore: Ignore = None) -> None:
+    """Audit the whole process now (:func:`gradguard.audit`) and raise ``AssertionError`` with the
+    report's table when any live autograd graph is held. ``ignore`` as in :func:`gradguard.audit`.
+
+    Call it where no graph should be alive: after ``optimizer.step()``, with the step's own ``loss``
+    deleted (or ignored: ``ignore="tests/test_train.py"`` for the test's frame locals).
+    """
+    report = audit(ignore=ignore)
+    if len(report):
+        raise AssertionError(f"live autograd graphs are still held:\n{report}")
 
 
 def assert_no_graph(obj: Any, what: str = "object") -> None:

@@ -1,7 +1,7 @@
 """What every test shares: a clean gradguard state, checked on the way out, and engine imports.
 
-``_isolated`` (autouse) starts each test with no ``GRADGUARD``, no ``set_mode``, fresh stats and no
-enforce scope, and fails the test if it leaves an install, a patch or a mode behind.
+``_isolated`` (autouse) starts each test with no ``GRADGUARD`` or ``GRADGUARD_AUDIT``, no ``set_mode``,
+fresh stats and no enforce scope, and fails the test if it leaves an install, a patch or a mode behind.
 Helpers used across files live in ``_helpers.py`` (``require_engine`` among them).
 """
 
@@ -20,6 +20,7 @@ from gradguard.engines import _patch
 def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The default mode, nothing installed, fresh stats; and nothing left behind afterwards."""
     monkeypatch.delenv("GRADGUARD", raising=False)
+    monkeypatch.delenv("GRADGUARD_AUDIT", raising=False)  # else every enforce() of the suite would start a watch
     _policy._reload_env()
     gradguard.set_mode(None)
     gradguard.reset_stats()

@@ -9,11 +9,24 @@ from pathlib import Path
 import gradguard
 
 LAYERS: list[set[str]] = [
-    {"_errors", "_containers", "_tree", "_graph"},  # the tree walk and graph inspection
+    {"_errors", "_containers", "_tree", "_graph", "_holders"},  # the tree walk and graph inspection
     {"_policy", "_site", "_stats", "_message", "_table"},  # policy: modes, call site, stats, messages
     {"_publish"},  # the publish boundary
     {"_offload", "_store", "_contract", "_arguments", "_wrapper", "_results", "_step", "engines"},  # on top
-    {"_enforce", "_compile", "testing", "_memory", "_doctor", "_cli", "_bench", "__init__", "__main__"},  # tools
+    {
+        "_enforce",
+        "_compile",
+        "testing",
+        "_audit",
+        "_watch",
+        "_memory",
+        "_doctor",
+        "_cli",
+        "_bench",
+        "__init__",
+        "__main__",
+        "integrations",
+    },  # tools
 ]
 ROOT = Path(gradguard.__file__).parent
 

@@ -220,7 +220,7 @@ def test_help_lists_the_option(pytester: pytest.Pytester) -> None:
         ["gradguard:", "*--gradguard=MODE*run the session inside gradguard.enforce(mode=MODE)*"]
     )
     result = pytester.runpytest("--markers")
-    result.stdout.fnmatch_lines(["@pytest.mark.gradguard(mode=None, engines='auto', stores=None)*"])
+    result.stdout.fnmatch_lines(["@pytest.mark.gradguard(mode=None, engines='auto', stores=None, audit=None)*"])
 
 
 def test_plugin_does_not_import_gradguard_without_option_or_marker(pytester: pytest.Pytester) -> None:

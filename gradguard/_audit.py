@@ -1,0 +1,419 @@
+"""``gradguard.audit()``: every live autograd graph, who holds it, what it pins, and how to fix it.
+
+At a step boundary no autograd graph should still be alive: every tensor carrying ``grad_fn`` that
+Python can still reach names, through the path to it, what holds it. :func:`audit` lists them all,
+the current step's own ``loss`` included (deciding what is a leak is the watch's business);
+:func:`scan` is the same search for gradguard's own tools, with the live objects along each path.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import gc
+import threading
+import types
+from collections.abc import Callable, Hashable, Iterable, Iterator, MutableMapping, MutableSequence, Sequence
+from typing import Any
+
+import torch
+
+from . import _graph
+from ._errors import GradGuardError
+from ._holders import (
+    Edge,
+    Path,
+    find_paths,
+    frame_where,
+    holder_key,
+    live_graph_tensors,
+    running_thread,
+    spell,
+    spell_steps,
+)
+from ._message import display, human
+from ._table import text
+
+__all__ = ["Finding", "Ignore", "Retention", "RetentionReport", "audit", "check_ignore", "scan"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Retention:
+    """One holder of live autograd graphs: what :func:`gradguard.audit` reports.
+
+    * ``path``: one concrete path from a root to a tensor it holds, spelled as Python does:
+      ``mypkg.train:HISTORY[3]['loss']`` (a module global), ``mypkg.train:Trainer.cache`` (a class
+      attribute), ``train.py:42 in train_step: metrics['loss_sum']`` (a frame local, in any thread,
+      or in a suspended generator or coroutine), ``closure of mypkg.train:make.<locals>.add: total``.
+      Only what a module global or a thread's frame reaches is listed: garbage cycles are not.
+    * ``holder``: the path with sequence indices as ``[*]`` and without a line number:
+      ``mypkg.train:HISTORY[*]['loss']``. All the tensors reached through one holder are one entry.
+    * ``kind``: what the path is named from: ``"global"`` (a module global), ``"local"`` (a frame
+      local: of a thread, or of a suspended generator or coroutine) or ``"cell"`` (a closure).
+    * ``grad_fn``, ``shape``, ``dtype``, ``device``: of the tensor at ``path`` (``shape`` is ``None``
+      where it has no single shape).
+    * ``tensors``: how many graph tensors this holder keeps; ``nodes``: how many distinct autograd
+      nodes their graphs have (a holder that accumulates, ``loss_sum += loss``, grows by nodes).
+    * ``pinned_bytes``: what the graphs keep alive (the rules of :func:`gradguard.pinned_bytes`),
+      each storage counted once across the whole report, for the holder that pins the most.
+    * ``fix``: what to do about it.
+    * ``thread``: the name of the thread whose running frame holds it (``kind == "local"``, not a
+      suspended generator's frame); ``None`` otherwise. Another thread in the middle of its forward
+      is listed like any holder: telling its live graph from a leak is the caller's business.
+
+    A record refers to no tensor and no object of the program: keeping it pins nothing.
+    """
+
+    path: str
+    holder: str
+    kind: str
+    grad_fn: str
+    shape: tuple[int, ...] | None
+    dtype: torch.dtype
+    device: torch.device
+    tensors: int
+    nodes: int
+    pinned_bytes: int
+    fix: str
+    thread: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: dtype and device as strings, shape as a list."""
+        entry = dataclasses.asdict(self)
+        entry.update(
+            shape=None if self.shape is None else list(self.shape), dtype=str(self.dtype), device=str(self.device)
+        )
+        return entry
+
+
+Ignore = str | Iterable[str] | Callable[[Retention], bool] | None
+
+
+class RetentionReport(Sequence[Retention]):
+    """What :func:`gradguard.audit` found: the :class:`Retention` entries, most pinned bytes first.
+
+    ``len(report)``, iteration and indexing give the entries; ``report.pinned_bytes`` is their true
+    total (no storage counted twice); ``report.untraced`` counts graph tensors alive that no root
+    reaches (garbage cycles not collected yet, tensors only C++ code holds): they are not entries.
+    ``report.frozen`` is how many objects ``gc.freeze()`` had frozen: Python's collector lists
+    neither them nor what refers to them, so a graph held by a container made before the freeze is
+    counted as untraced, not named. ``print(report)`` shows a table; ``report.to_dict()`` is JSON-ready.
+    """
+
+    def __init__(self, entries: Iterable[Retention], untraced: int = 0, frozen: int = 0) -> None:
+        self._entries = tuple(entries)
+        self.untraced = untraced
+        self.frozen = frozen
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Retention]:
+        return iter(self._entries)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._entries[index]
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(e.pinned_bytes for e in self._entries)
+
+    @property
+    def tensors(self) -> int:
+        return sum(e.tensors for e in self._entries)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "holders": len(self._entries),
+            "tensors": self.tensors,
+            "pinned_bytes": self.pinned_bytes,
+            "untraced": self.untraced,
+            "frozen": self.frozen,
+            "entries": [e.to_dict() for e in self._entries],
+        }
+
+    def __str__(self) -> str:
+        if not self._entries:
+            return "gradguard.audit: no live autograd graph is held" + self._untraced_line()
+        rows = [
+            [
+                display(e.path if e.tensors == 1 else e.holder),
+                str(e.tensors),
+                human(e.pinned_bytes),
+                e.grad_fn,
+                "?" if e.shape is None else "x".join(map(str, e.shape)) or "scalar",
+                str(e.dtype).removeprefix("torch."),
+                str(e.device),
+                display(e.fix),
+            ]
+            for e in self._entries
+        ]
+        header = ["holder", "tensors", "pinned", "grad_fn", "shape", "dtype", "device", "fix"]
+        title = (
+            f"gradguard.audit: {len(self._entries)} holder(s) keep {self.tensors} tensor(s) carrying an autograd "
+            f"graph, pinning ~{human(self.pinned_bytes)}"
+        )
+        return f"{title}\n{text(header, rows)}{self._untraced_line()}"
+
+    def _untraced_line(self) -> str:
+        if not self.untraced:
+            return ""
+        why = "garbage not collected yet, or held by C++ code"
+        if self.frozen:
+            why = (
+                f"{why}, or by one of the {self.frozen:,} objects gc.freeze() froze, which the audit cannot "
+                "search: call gc.unfreeze() before auditing"
+            )
+        return f"\n({self.untraced} more graph tensor(s) alive that nothing Python can reach holds: {why})"
+
+    def __repr__(self) -> str:
+        return (
+            f"<RetentionReport: {len(self._entries)} holder(s), {self.tensors} tensor(s), {human(self.pinned_bytes)}>"
+        )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Finding:
+    """One holder, with the live objects behind it: what :func:`scan` returns to gradguard's tools.
+
+    ``retention`` is the public record; ``key`` is ``retention.holder`` (stable from one step boundary
+    to the next: no line numbers, sequence indices as ``[*]``). ``tensors`` are the live graph
+    tensors and ``paths[i]`` the live path, root first, to ``tensors[i]``
+    (``_holders.read(paths[i][-1]) is tensors[i]``). ``thread_id``: the ident of the thread whose
+    running frame the example path starts in (``threading.get_ident()`` there), else ``None``. Drop
+    findings as soon as they are used: they keep the tensors, their graphs and every owner on the
+    paths alive.
+    """
+
+    retention: Retention
+    key: str
+    tensors: tuple[torch.Tensor, ...]
+    paths: tuple[Path, ...]
+    thread_id: int | None = None
+
+
+# --------------------------------------------------------------------------------------------------
+# ignore
+# --------------------------------------------------------------------------------------------------
+
+
+def check_ignore(ignore: Ignore) -> Callable[[Retention], bool] | None:
+    """``ignore`` as a predicate (``None``: nothing ignored); :class:`GradGuardError` for anything else.
+
+    A string or an iterable of strings: path prefixes, matched against both the concrete ``path`` and
+    the ``holder`` of an entry. A callable: called with each :class:`Retention`, ignored when true.
+    """
+    if ignore is None:
+        return None
+    if isinstance(ignore, str):
+        prefixes: tuple[str, ...] = (ignore,)
+    elif callable(ignore):
+        return ignore
+    elif isinstance(ignore, (bytes, bytearray)) or not isinstance(ignore, Iterable) or isinstance(ignore, dict):
+        raise GradGuardError(_bad_ignore(ignore))
+    else:
+        prefixes = tuple(ignore)
+        bad = [p for p in prefixes if not isinstance(p, str) or not p]
+        if bad:
+            raise GradGuardError(_bad_ignore(ignore, f" (holds {bad[0]!r})"))
+    if "" in prefixes:
+        raise GradGuardError(_bad_ignore(ignore, " (an empty prefix ignores everything)"))
+
+    def prefixed(entry: Retention) -> bool:
+        return entry.path.startswith(prefixes) or entry.holder.startswith(prefixes)
+
+    return prefixed
+
+
+def _bad_ignore(ignore: Any, detail: str = "") -> str:
+    shown = repr(ignore)
+    shown = shown if len(shown) <= 80 else shown[:79] + "…"
+    return (
+        f"gradguard.audit: ignore={shown}{detail} is not accepted; pass a path prefix (a non-empty str, e.g. "
+        "'mypkg.train:HISTORY'), an iterable of them, or a predicate called with each Retention "
+        "(lambda r: r.holder.startswith('mypkg.')), or None"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The scan
+# --------------------------------------------------------------------------------------------------
+
+
+def scan(ignore: Ignore = None, *, exclude_ids: Iterable[int] = ()) -> list[Finding]:
+    """Every holder of a live autograd graph, with the live objects behind it, most pinned bytes first.
+
+    ``ignore`` as in :func:`audit` (a predicate sees each holder's pinned bytes counted on its own);
+    tensors and objects whose ids are in ``exclude_ids`` are not considered (a caller's own state).
+    Never mutates anything, never unpacks a saved tensor. The findings keep what they name alive:
+    see :class:`Finding`.
+    """
+    return _scan(check_ignore(ignore), set(exclude_ids))[0]
+
+
+def audit(*, ignore: Ignore = None) -> RetentionReport:
+    """Find every live tensor that carries ``grad_fn`` and who holds it.
+
+    Looks at the whole process: module globals, class attributes, closure cells, the frames of
+    every thread (a thread in the middle of a forward is listed too) and of suspended generators and
+    coroutines. Never an ``nn.Parameter``, never gradguard's own objects or frames. ``ignore`` takes
+    path prefixes (a str, or an iterable of str, matched against ``path`` and ``holder``) or a
+    predicate called with each :class:`Retention`, for graphs kept on purpose (double backward,
+    ``retain_graph=True``); anything else raises :class:`GradGuardError`.
+
+    The audit never mutates anything, never unpacks a saved tensor, and keeps nothing alive once it
+    returns: the report holds strings and numbers only. See :class:`Retention` for the fields.
+    """
+    findings, untraced = _scan(check_ignore(ignore), set())
+    entries = [f.retention for f in findings]
+    del findings
+    return RetentionReport(entries, untraced, gc.get_freeze_count())
+
+
+def _scan(keep_out: Callable[[Retention], bool] | None, exclude: set[int]) -> tuple[list[Finding], int]:
+    tensors = live_graph_tensors(exclude)
+    if not tensors:
+        return [], 0
+    paths = find_paths(tensors, {id(tensors), *exclude})
+    groups: dict[str, list[tuple[str, torch.Tensor, Path]]] = {}
+    lost = []  # no root reaches them
+    for t, path in zip(tensors, paths):
+        if path is None:
+            lost.append(t)
+            continue
+        groups.setdefault(holder_key(path), []).append((spell(path), t, path))
+    del tensors, paths
+    names = {t.ident: t.name for t in threading.enumerate()}
+    inside: set[int] = set()  # what the graphs found hold (saved tensors, leaves)
+    drafts = []
+    for key, members in groups.items():
+        members.sort(key=lambda m: (len(m[0]), m[0]))  # the example: HISTORY[0] rather than HISTORY[17]
+        example, group = members[0][2], tuple(m[1] for m in members)
+        alone, nodes = _pinned(group, set(), inside)
+        thread = running_thread(example[0].owner) if example[0].kind == "local" else None
+        name = None if thread is None else names.get(thread, str(thread))
+        retention = _retention(key, members[0][0], example, group, nodes, alone, name)
+        if keep_out is not None and keep_out(retention):
+            continue
+        drafts.append((retention, group, tuple(m[2] for m in members), thread))
+    del groups
+    drafts.sort(key=lambda d: (-d[0].pinned_bytes, -d[0].tensors, d[0].holder))
+    counted: set[Hashable] = set()
+    findings = []
+    for retention, group, group_paths, thread in drafts:
+        shared, _ = _pinned(group, counted)
+        findings.append(
+            Finding(dataclasses.replace(retention, pinned_bytes=shared), retention.holder, group, group_paths, thread)
+        )
+    findings.sort(key=lambda f: -f.retention.pinned_bytes)  # stable: ties keep the order above
+    # saved for backward by a graph found (torch keeps the Python object of a saved tensor): not lost
+    untraced = sum(1 for t in lost if id(t) not in inside)
+    return findings, untraced
+
+
+def _pinned(tensors: Sequence[torch.Tensor], counted: set[Hashable], inside: set[int] | None = None) -> tuple[int, int]:
+    """Bytes the graphs of ``tensors`` keep alive that ``counted`` does not hold yet (added to it), and
+    how many distinct nodes those graphs have: :func:`gradguard.pinned_bytes`' rules, shared counting.
+    The ids of the tensors the graphs hold (saved, leaves) are added to ``inside`` when given."""
+    total = nodes = 0
+
+    def add(t: Any) -> None:
+        nonlocal total
+        if not isinstance(t, torch.Tensor):
+            return
+        if inside is not None:
+            inside.add(id(t))
+        if _graph._is_parameter(t):
+            return
+        for key, nbytes in _graph._memory(t, set()):
+            if key not in counted:
+                counted.add(key)
+                total += nbytes
+
+    for node in _graph._nodes(t.grad_fn for t in tensors):
+        nodes += 1
+        leaf = getattr(node, "variable", None)  # only AccumulateGrad has one
+        if leaf is not None:
+            if not _graph._is_parameter(leaf):
+                add(leaf)
+                add(leaf.grad)
+            continue
+        for data in _graph._saved_data(node):
+            add(data)
+    return total, nodes
+
+
+def _retention(
+    key: str, example: str, path: Path, group: Sequence[torch.Tensor], nodes: int, pinned: int, thread: str | None
+) -> Retention:
+    t = group[0]
+    try:
+        shape: tuple[int, ...] | None = tuple(t.shape)
+    except RuntimeError:
+        shape = None
+    return Retention(
+        path=example,
+        holder=key,
+        kind=path[0].kind,
+        grad_fn=type(t.grad_fn).__name__,
+        shape=shape,
+        dtype=t.dtype,
+        device=t.device,
+        tensors=len(group),
+        nodes=nodes,
+        pinned_bytes=pinned,
+        fix=_fix(path),
+        thread=thread,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The fix
+# --------------------------------------------------------------------------------------------------
+
+_STORES: dict[type, str] = {
+    list: "[]",
+    dict: "{}",
+    collections.deque: "collections.deque()",
+    collections.OrderedDict: "collections.OrderedDict()",
+}
+_NAMING = ("global", "class", "local", "cell", "attr", "slot")
+
+
+def _fix(path: Path) -> str:
+    """What to do about the holder at ``path`` (live edges), first that applies: the
+    ``enforce(stores=...)`` spec when the store is an argument of the running function; guarding the
+    nearest list or dict, named from the root, that holds it as an item; else detaching it there."""
+    first = path[0]
+    reached = [e.owner for e in path[1:]]  # reached[j]: what edge j leads to (the last one: the tensor)
+    argument = first.kind == "local" and len(path) > 1 and _is_argument(first.owner, first.key)
+    if argument and path[1].kind == "item" and issubclass(type(path[1].owner), (MutableSequence, MutableMapping)):
+        frame = first.owner
+        module = frame.f_globals.get("__name__")
+        qualname = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+        if isinstance(module, str) and "<" not in qualname:
+            return f'gradguard.enforce(stores={{"{module}:{qualname}": "{first.key}"}})'
+    for j in range(len(reached) - 1, -1, -1):
+        store = _STORES.get(type(reached[j]))
+        named = all(e.kind in _NAMING or (e.kind == "item" and isinstance(e.key, str)) for e in path[: j + 1])
+        if store is not None and named and path[j + 1].kind == "item":
+            return f"{_name(path[: j + 1])} = gradguard.guard({store}) ({_where(first)})"
+    return f"detach before storing into {_name(path)} ({_where(first)})"
+
+
+def _is_argument(frame: types.FrameType, name: str) -> bool:
+    code = frame.f_code
+    return name in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+
+
+def _name(path: Path) -> str:
+    """``path`` spelled from the root's own name on: ``HISTORY``, ``Trainer.cache``, ``trainer.metrics``."""
+    return str(path[0].key) + spell_steps(path[1:])
+
+
+def _where(edge: Edge) -> str:
+    if edge.kind == "local":
+        return f"in {frame_where(edge.owner)}"
+    if edge.kind == "cell":
+        return f"closure of {edge.owner.__module__}:{edge.owner.__qualname__}"
+    return f"in {edge.owner.__name__}"

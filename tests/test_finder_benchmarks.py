@@ -1,0 +1,57 @@
+"""The audit and watch benchmarks (``benchmarks/audit``, ``benchmarks/watch.py``) run and write their
+schema; the committed results carry their machine line. No timing is asserted here: the benchmarks
+measure, the README and ``benchmarks/results/`` report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _run(tmp_path: Path, module: str, *args: str) -> tuple[dict, str]:
+    out = tmp_path / f"{module}.json"
+    md = tmp_path / f"{module}.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{module}", "--quick", *args, "--json", str(out), "--md", str(md)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text()), md.read_text()
+
+
+def test_audit_benchmark_quick_run(tmp_path: Path) -> None:
+    doc, md = _run(tmp_path, "audit")
+    assert doc["machine_line"] in md
+    kinds = [case["case"] for case in doc["cases"]]
+    assert kinds.count("clean") >= 1 and "leak" in kinds
+    for case in doc["cases"]:
+        assert case["candidate_s"]["median"] > 0 and case["live_objects"] > 0
+    leak = next(case for case in doc["cases"] if case["case"] == "leak")
+    assert leak["graph_tensors"] == 400 and leak["entries"] == 2 and leak["heap_passes"] >= 1
+    assert "LEAKED[*]['loss']" in leak["report"]
+
+
+def test_watch_benchmark_quick_run(tmp_path: Path) -> None:
+    doc, md = _run(tmp_path, "watch", "--scenario", "pp-last-stage")
+    assert doc["machine_line"] in md
+    (row,) = doc["scenarios"]
+    assert row["scenario"] == "pp-last-stage" and row["auto"]["audits"] >= 2  # the first two are always audited
+    assert row["every_for_1pct"] >= 1 and row["cost_per_audited_step_ms"] == pytest.approx(
+        row["audited_step_median_ms"] - row["step_median_ms"], rel=1.0
+    )
+
+
+@pytest.mark.parametrize("name", ["audit-cpu", "watch-cpu"])
+def test_committed_results_carry_their_machine_line(name: str) -> None:
+    doc = json.loads((RESULTS / f"{name}.json").read_text())
+    assert doc["machine_line"] and doc["machine_line"] in (RESULTS / f"{name}.md").read_text()

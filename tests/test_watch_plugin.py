@@ -1,0 +1,102 @@
+"""The pytest plugin's watch: ``--gradguard-audit=N`` for the session, ``@pytest.mark.gradguard(audit=N)`` for a test.
+
+The runs that train go through a subprocess: every audit sees the whole process, so an in-process
+inner run would also see what the outer session keeps.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gradguard import _enforce
+
+pytest_plugins = ["pytester"]
+
+INNER = """
+import pytest
+import torch
+
+KEPT = []
+
+
+def train(keep):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        loss = model(torch.randn(2, 4)).pow(2).mean()
+        loss.backward()
+        keep(loss)
+        opt.step()
+        opt.zero_grad()
+
+
+def test_clean():
+    train(lambda loss: None)
+
+
+def test_leaky():
+    train(KEPT.append)
+
+
+@pytest.mark.gradguard(audit=1, engines="none")
+def test_marked_leaky():
+    train(KEPT.append)
+
+
+@pytest.mark.gradguard(audit=1, mode="warn", engines="none")
+def test_marked_warn():
+    with pytest.warns(Warning, match="keeps an autograd graph across step boundaries"):
+        train(KEPT.append)
+
+
+@pytest.mark.gradguard(audit="sometimes")
+def test_marked_bad_audit():
+    pass
+"""
+
+
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # the summary lines stay whole
+    monkeypatch.delenv("GRADGUARD_AUDIT", raising=False)
+
+
+def _failed(result: pytest.RunResult) -> dict[str, str]:
+    return {line.split(" ")[1]: line.split(" - ", 1)[-1] for line in result.stdout.lines if line.startswith("FAILED ")}
+
+
+def test_the_marker_watches_one_test(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_inner=INNER)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "default")
+    result.assert_outcomes(passed=3, failed=2)
+    failed = _failed(result)
+    assert sorted(failed) == ["test_inner.py::test_marked_bad_audit", "test_inner.py::test_marked_leaky"]
+    assert failed["test_inner.py::test_marked_leaky"].startswith("gradguard.GraphRetentionError: gradguard: 1 holder")
+    assert "every='sometimes' is not accepted" in failed["test_inner.py::test_marked_bad_audit"]
+
+
+def test_the_option_watches_the_session_in_raise_mode(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_inner=INNER)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--gradguard-audit=1", "-k", "clean or leaky")
+    result.assert_outcomes(passed=1, failed=2)
+    failed = _failed(result)
+    assert sorted(failed) == ["test_inner.py::test_leaky", "test_inner.py::test_marked_leaky"]
+    assert all(reason.startswith("gradguard.GraphRetentionError: ") for reason in failed.values())
+    # test_leaky's second step: last step's loss and this step's, both in the global list
+    assert "test_inner:KEPT[*]: 2 tensors, 0 B pinned, alive for 1 step boundary" in result.stdout.str()
+
+
+def test_a_bad_option_value_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result = pytester.runpytest("--gradguard-audit=0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--gradguard-audit: every='0' is not accepted; accepted: a positive whole number*"])
+    assert _enforce.installed() == {}
+
+
+def test_help_lists_the_option_and_the_marker_argument(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--help")
+    result.stdout.fnmatch_lines(["*--gradguard-audit=N*gradguard.watch(every=N, mode='raise')*"])
+    result = pytester.runpytest("--markers")
+    result.stdout.fnmatch_lines(["@pytest.mark.gradguard(mode=None, engines='auto', stores=None, audit=None)*"])
