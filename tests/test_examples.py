@@ -140,3 +140,28 @@ def test_megatron_gpt_schedule() -> None:
     assert 'device="cuda")` to the CPU, 3 time(s) (once per schedule call), nothing else' in out, out
     assert "losses equal: True; records equal: True; parameter grads bitwise equal (torch.equal): True" in out, out
     assert "OK: the guard released every graph and changed no gradient" in out, out
+
+
+def test_find_leaks() -> None:
+    out = run_example("find_leaks.py")
+    plain = section(out, "without the watch:", "under gradguard.watch(")
+    watched = section(out, "under gradguard.watch(")
+    growth = {
+        name: float(re.search(r"growth ([-+\d,]+) bytes per step", part).group(1).replace(",", ""))
+        for name, part in (("plain", plain), ("watched", watched))
+    }
+    leaf, scores = 2 * 8 * 64 * 64 * 4, 8 * 4 * 64 * 64 * 4  # the embedding-output leaf + .grad; attention scores
+    assert leaf + scores <= growth["plain"] < leaf + scores + 256, out  # the scalars kept add a few bytes
+    assert abs(growth["watched"]) < (leaf + scores) / 8, out
+    assert "gradguard.audit: 3 holder(s)" in plain, out
+    assert re.search(r"in main: leaky\.model\.attn\.current_max_attn_logits\s+1\s+4\.5 MiB\s+MaximumBackward0", plain)
+    assert re.search(r"^__main__:HISTORY\[\*\]\['loss'\]\s+6\s+\S+ B\s+NllLossBackward0", plain, re.M), out
+    assert re.search(r"in main: leaky\.metrics\['loss_sum'\]\s+1\s+\S+ B\s+AddBackward0", plain), out
+    assert "3 holders kept autograd graphs across step boundaries" in watched, out
+    for holder in (
+        r"self\.model\.attn\.current_max_attn_logits",
+        r"__main__:HISTORY\[\d+\]\['loss'\]",
+        r"self\.metrics\['loss_sum'\]",
+    ):
+        assert re.search(holder + r"\s+1\s+\S+ \S*B\s+\d+\s+repaired\s", watched), (holder, out)
+    assert "parameters bitwise equal with and without the watch (torch.equal): True" in out, out
