@@ -315,32 +315,7 @@ def _pinned(tensors: Sequence[torch.Tensor], counted: set[Hashable], inside: set
     """Bytes the graphs of ``tensors`` keep alive that ``counted`` does not hold yet (added to it), and
     how many distinct nodes those graphs have: :func:`gradguard.pinned_bytes`' rules, shared counting.
     The ids of the tensors the graphs hold (saved, leaves) are added to ``inside`` when given."""
-    total = nodes = 0
-
-    def add(t: Any) -> None:
-        nonlocal total
-        if not isinstance(t, torch.Tensor):
-            return
-        if inside is not None:
-            inside.add(id(t))
-        if _graph._is_parameter(t):
-            return
-        for key, nbytes in _graph._memory(t, set()):
-            if key not in counted:
-                counted.add(key)
-                total += nbytes
-
-    for node in _graph._nodes(t.grad_fn for t in tensors):
-        nodes += 1
-        leaf = getattr(node, "variable", None)  # only AccumulateGrad has one
-        if leaf is not None:
-            if not _graph._is_parameter(leaf):
-                add(leaf)
-                add(leaf.grad)
-            continue
-        for data in _graph._saved_data(node):
-            add(data)
-    return total, nodes
+    return _graph.graph_memory([t.grad_fn for t in tensors], counted, inside)
 
 
 def _retention(

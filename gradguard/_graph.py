@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ._tree import iter_tensors
 
-__all__ = ["Unreached", "active_transform", "pinned_bytes", "unreached_params"]
+__all__ = ["Unreached", "active_transform", "graph_memory", "pinned_bytes", "unreached_params"]
 
 
 def _distinct_tensors(obj: Any) -> Iterator[torch.Tensor]:
@@ -81,12 +81,23 @@ def pinned_bytes(obj: Any) -> int:
     ``ctx`` attributes other than ``save_for_backward``.
     """
     roots = [t.grad_fn for t in _distinct_tensors(obj) if t.grad_fn is not None]
-    counted: set[Hashable] = set()
-    total = 0
+    return graph_memory(roots, set())[0]
+
+
+def graph_memory(roots: Iterable[Any], counted: set[Hashable], held: set[int] | None = None) -> tuple[int, int]:
+    """What the graphs from the autograd nodes ``roots`` keep alive, by :func:`pinned_bytes`' rules:
+    ``(bytes, nodes)``, the bytes of the memory ``counted`` does not hold yet (their keys are added
+    to it, so several calls sharing ``counted`` count each storage once) and how many distinct nodes
+    the graphs have. ``held``, when given, collects the ids of the tensors the graphs hold."""
+    total = nodes = 0
 
     def add(t: Any) -> None:
         nonlocal total
-        if not isinstance(t, torch.Tensor) or _is_parameter(t):
+        if not isinstance(t, torch.Tensor):
+            return
+        if held is not None:
+            held.add(id(t))
+        if _is_parameter(t):
             return
         for key, nbytes in _memory(t, set()):
             if key not in counted:
@@ -94,6 +105,7 @@ def pinned_bytes(obj: Any) -> int:
                 total += nbytes
 
     for node in _nodes(roots):
+        nodes += 1
         leaf = getattr(node, "variable", None)  # only AccumulateGrad has one
         if leaf is not None:
             if not _is_parameter(leaf):
@@ -102,7 +114,7 @@ def pinned_bytes(obj: Any) -> int:
             continue
         for data in _saved_data(node):
             add(data)
-    return total
+    return total, nodes
 
 
 def _is_parameter(t: torch.Tensor) -> bool:
