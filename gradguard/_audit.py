@@ -20,18 +20,9 @@ import torch
 
 from . import _graph
 from ._errors import GradGuardError
-from ._holders import (
-    Edge,
-    Path,
-    find_paths,
-    frame_where,
-    holder_key,
-    live_graph_tensors,
-    running_thread,
-    spell,
-    spell_steps,
-)
+from ._holders import find_paths, live_graph_tensors, running_thread
 from ._message import display, human
+from ._paths import Edge, Path, frame_where, holder_key, spell, spell_steps
 from ._table import text
 
 __all__ = ["Finding", "Ignore", "Retention", "RetentionReport", "audit", "check_ignore", "scan"]
@@ -179,7 +170,7 @@ class Finding:
     ``retention`` is the public record; ``key`` is ``retention.holder`` (stable from one step boundary
     to the next: no line numbers, sequence indices as ``[*]``). ``tensors`` are the live graph
     tensors and ``paths[i]`` the live path, root first, to ``tensors[i]``
-    (``_holders.read(paths[i][-1]) is tensors[i]``). ``thread_id``: the ident of the thread whose
+    (``_paths.read(paths[i][-1]) is tensors[i]``). ``thread_id``: the ident of the thread whose
     running frame the example path starts in (``threading.get_ident()`` there), else ``None``. Drop
     findings as soon as they are used: they keep the tensors, their graphs and every owner on the
     paths alive.

@@ -29,7 +29,6 @@ any of them after the caller lets go.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import gc
 import itertools
@@ -42,75 +41,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._errors import GradGuardError
+from ._paths import MODULE_STATE, Edge, Path, frame_locals, is_a
 
-__all__ = [
-    "ROOT_KINDS",
-    "Edge",
-    "Path",
-    "find_paths",
-    "frame_where",
-    "holder_key",
-    "live_graph_tensors",
-    "read",
-    "running_thread",
-    "spell",
-    "spell_steps",
-    "writable",
-    "write",
-]
+__all__ = ["find_paths", "live_graph_tensors", "own_code", "running_thread"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _MAX_LEVELS = 64  # deeper holders than this are left without a path
 _SWEEP_FROM = 256  # frontiers this large are looked up with a sweep (see _Search.referrers)
 _SWEEP_CHUNK = 1024
-_CO_OPTIMIZED = 0x0001  # inspect.CO_OPTIMIZED: a function frame, whose f_locals is a snapshot (< 3.13)
-_SNAPSHOT_LOCALS = sys.version_info < (3, 13)  # 3.13 (PEP 667): f_locals is a proxy that holds nothing
 _FRAMES_TRAVERSE_LOCALS = sys.version_info < (3, 11)  # before 3.11 a running frame is a referrer of its locals
 
-ROOT_KINDS = frozenset({"global", "local", "cell"})
-_MODULE_STATE = ("_modules", "_parameters", "_buffers")
 _GENERATORS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Edge:
-    """One step of a path: ``owner`` holds the next object, as ``kind`` with ``key`` says.
-
-    ==========  ================================================  =====================================
-    kind        owner / key                                        the next object
-    ==========  ================================================  =====================================
-    ``global``  a module / the global's name (a root)              ``vars(owner)[key]``
-    ``local``   a frame / the local's name: a thread's running      the frame local ``key`` (a cell
-                frame (a root), a suspended generator's or          variable: the cell's contents)
-                coroutine's (the path is named from it), a
-                finished one a traceback holds (mid-path)
-    ``cell``    a function / the free variable's name (the path    that closure cell's contents
-                is named from it)
-    ``class``   a class / the attribute's name                     ``vars(owner)[key]``
-    ``attr``    an object / the attribute's name                   ``vars(owner)[key]``; for an
-                                                                   ``nn.Module`` also its
-                                                                   ``_modules``/``_parameters``/
-                                                                   ``_buffers[key]``
-    ``slot``    an object / the ``__slots__`` name                 the slot's value
-    ``item``    a list, deque or tuple / an index;                 ``owner[key]``
-                a dict / the dict key itself
-    ``key``     a dict / the key's position                        the key object itself
-    ``member``  a set or frozenset / ``None``                      one of its elements
-    ``ref``     anything else / a description (``"__self__"``,    a reference Python cannot name
-                ``"tb_frame"``, ``"__defaults__"``)
-    ==========  ================================================  =====================================
-
-    The first edge of a path is a root kind (:data:`ROOT_KINDS`). Identity, not equality: two edges
-    are equal only when they are the same object, so an owner's ``__eq__`` is never called.
-    """
-
-    owner: Any
-    kind: str
-    key: Any
-
-
-Path = tuple[Edge, ...]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -166,45 +107,10 @@ def own_code(code: types.CodeType) -> bool:
     return code.co_filename.startswith(_PACKAGE_DIR)
 
 
-def frame_locals(frame: types.FrameType) -> list[tuple[str, Any]]:
-    """``(name, value)`` of ``frame``'s locals (cell variables dereferenced), leaving nothing behind.
-
-    Before Python 3.13 reading ``f_locals`` of a function frame fills a snapshot dict that the frame
-    keeps until it exits and that would pin what it holds (say, the previous step's loss): it is
-    emptied again here. Not while a Python trace function (``sys.settrace``: a debugger) traces the
-    frame: it refreshes the snapshot at its next event, and writes the snapshot back into the frame
-    after each one, so an emptied snapshot would delete the frame's locals when the audit runs from
-    a debugger prompt. A
-    module or class body's ``f_locals`` is its real namespace: left alone. (A ``locals()`` dict the
-    frame's own code keeps is that same snapshot: it is emptied too.)
-    """
-    namespace = frame.f_locals
-    items = list(namespace.items())
-    traced = _is(frame.f_trace, (types.FunctionType, types.MethodType))  # sys.settrace: pdb, not coverage's C tracer
-    if _SNAPSHOT_LOCALS and frame.f_code.co_flags & _CO_OPTIMIZED and type(namespace) is dict and not traced:
-        namespace.clear()
-    return items
-
-
-def frame_where(frame: types.FrameType, *, line: bool = True) -> str:
-    """``train.py:42 in train_step``: the file (relative to the working directory when under it), the
-    current line, the function's qualified name."""
-    code = frame.f_code
-    filename = code.co_filename
-    try:
-        relative = os.path.relpath(filename)
-        if not relative.startswith(os.pardir):
-            filename = relative
-    except ValueError:  # another drive on Windows
-        pass
-    name = getattr(code, "co_qualname", code.co_name)
-    return f"{filename}:{frame.f_lineno} in {name}" if line else f"{filename} in {name}"
-
-
 def running_thread(frame: Any) -> int | None:
     """The ident of the thread whose stack runs ``frame`` now; ``None`` for any other frame (a suspended
     generator's, a finished one) and for anything that is not a frame."""
-    if not _is(frame, types.FrameType):
+    if not is_a(frame, types.FrameType):
         return None
     stacks = list(sys._current_frames().items())
     current: types.FrameType | None = None
@@ -353,7 +259,7 @@ class _Search:
                 rid = id(r)
                 if rid in self.mine or rid in self.excluded:
                     continue
-                if _FRAMES_TRAVERSE_LOCALS and _is(r, types.FrameType) and own_code(r.f_code):
+                if _FRAMES_TRAVERSE_LOCALS and is_a(r, types.FrameType) and own_code(r.f_code):
                     continue  # before 3.11: a frame of this search, made after setup()
                 cls = id(type(r))  # an instance's own class: not climbed (see the module docstring)
                 kids = [id(c) for c in gc.get_referents(r) if id(c) in frontier_ids and id(c) != cls]
@@ -460,11 +366,11 @@ def _describe(chain: list[Any], search: _Search) -> Path | None:
     named = _named_from(chain)
     i = max(named, 0)
     owner = chain[i]
-    if named >= 0 and _is(owner, _GENERATORS):
+    if named >= 0 and is_a(owner, _GENERATORS):
         frame = _generator_frame(owner)
         if frame is None:
             return None
-        if _is(chain[i + 1], types.FrameType):  # before 3.11: generator -> its frame -> the local
+        if is_a(chain[i + 1], types.FrameType):  # before 3.11: generator -> its frame -> the local
             i += 1
         else:
             i += _frame_edge(frame, chain, i, edges)
@@ -495,14 +401,14 @@ def _named_from(chain: list[Any]) -> int:
     function that holds the rest through its closure; else -1 (named from its root)."""
     for i in range(len(chain) - 2, -1, -1):
         obj = chain[i]
-        if _is(obj, _GENERATORS) and _generator_frame(obj) is not None:
+        if is_a(obj, _GENERATORS) and _generator_frame(obj) is not None:
             return i
         if (
-            _is(obj, types.FunctionType)
+            is_a(obj, types.FunctionType)
             and i + 3 < len(chain)
             and obj.__closure__ is not None
             and chain[i + 1] is obj.__closure__
-            and _is(chain[i + 2], types.CellType)
+            and is_a(chain[i + 2], types.CellType)
         ):
             return i
     return -1
@@ -524,7 +430,7 @@ def _frame_edge(frame: types.FrameType, chain: list[Any], i: int, edges: list[Ed
         if value is child:
             edges.append(Edge(frame, "local", name))
             return 1
-    if _is(child, types.CellType) and i + 2 < len(chain):
+    if is_a(child, types.CellType) and i + 2 < len(chain):
         target = chain[i + 2]
         for name, value in values:
             if value is target:
@@ -539,11 +445,6 @@ def _ref(owner: Any, child: Any, edges: list[Edge], what: str | None = None) -> 
 
 
 _MISSING: Any = object()
-
-
-def _is(obj: Any, kinds: type | tuple[type, ...]) -> bool:
-    """``isinstance`` by the real type: a proxy's ``__class__`` is never asked."""
-    return issubclass(type(obj), kinds)
 
 
 def _dict_key(d: Any, child: Any) -> Any:
@@ -576,12 +477,12 @@ _REFS: dict[type, tuple[str, ...]] = {
 def _step(chain: list[Any], i: int, edges: list[Edge]) -> int:
     """Describe ``chain[i]`` holding ``chain[i + 1]``; returns how many links of the chain it used."""
     owner, child = chain[i], chain[i + 1]
-    if _is(owner, types.FrameType):
+    if is_a(owner, types.FrameType):
         return _frame_edge(owner, chain, i, edges)
-    if _is(owner, _GENERATORS):
+    if is_a(owner, _GENERATORS):
         frame = _generator_frame(owner)
         return _frame_edge(frame, chain, i, edges) if frame is not None else _ref(owner, child, edges)
-    if _is(owner, dict):
+    if is_a(owner, dict):
         for k, v in dict.items(owner):
             if v is child:
                 edges.append(Edge(owner, "item", k))
@@ -590,12 +491,12 @@ def _step(chain: list[Any], i: int, edges: list[Edge]) -> int:
             if k is child:
                 edges.append(Edge(owner, "key", position))
                 return 1
-    elif _is(owner, (list, tuple, collections.deque)):
+    elif is_a(owner, (list, tuple, collections.deque)):
         for index, v in enumerate(owner):
             if v is child:
                 edges.append(Edge(owner, "item", index))
                 return 1
-    elif _is(owner, (set, frozenset)):
+    elif is_a(owner, (set, frozenset)):
         edges.append(Edge(owner, "member", None))
         return 1
     for cls in type(owner).__mro__:
@@ -606,7 +507,7 @@ def _step(chain: list[Any], i: int, edges: list[Edge]) -> int:
                     edges.append(Edge(owner, "ref", name))
                     return 1
             break
-    if _is(owner, type):  # a class -> its __dict__ -> the value: a class attribute
+    if is_a(owner, type):  # a class -> its __dict__ -> the value: a class attribute
         key = _dict_key(child, chain[i + 2]) if type(child) is dict and i + 2 < len(chain) else _MISSING
         if key is not _MISSING and vars(owner).get(key) is chain[i + 2]:
             edges.append(Edge(owner, "class", key))
@@ -632,7 +533,7 @@ def _step(chain: list[Any], i: int, edges: list[Edge]) -> int:
 
 def _instance_dict(obj: Any) -> dict[str, Any] | None:
     """``obj.__dict__`` read without its class's ``__getattribute__``; ``None`` when it has none."""
-    if _is(obj, (type, types.ModuleType)):
+    if is_a(obj, (type, types.ModuleType)):
         return None
     try:
         namespace = object.__getattribute__(obj, "__dict__")
@@ -664,8 +565,8 @@ def _collapse_module_state(edges: list[Edge]) -> list[Edge]:
         edge = edges[i]
         if (
             edge.kind == "attr"
-            and edge.key in _MODULE_STATE
-            and _is(edge.owner, nn.Module)
+            and edge.key in MODULE_STATE
+            and is_a(edge.owner, nn.Module)
             and i + 1 < len(edges)
             and edges[i + 1].kind == "item"
             and type(edges[i + 1].key) is str
@@ -676,155 +577,3 @@ def _collapse_module_state(edges: list[Edge]) -> list[Edge]:
         out.append(edge)
         i += 1
     return out
-
-
-# --------------------------------------------------------------------------------------------------
-# Reading, repairing, spelling
-# --------------------------------------------------------------------------------------------------
-
-
-def read(edge: Edge) -> Any:
-    """The object ``edge`` leads to, read without calling user code (``KeyError``/``LookupError`` if gone)."""
-    owner, kind, key = edge.owner, edge.kind, edge.key
-    if kind in ("global", "class"):
-        return vars(owner)[key]
-    if kind == "attr":
-        if _is(owner, nn.Module):
-            for state in _MODULE_STATE:
-                table = owner.__dict__.get(state)
-                if table is not None and key in table:
-                    return table[key]
-        return object.__getattribute__(owner, "__dict__")[key]
-    if kind == "slot":
-        for cls in type(owner).__mro__:
-            descriptor = cls.__dict__.get(key)
-            if type(descriptor) is types.MemberDescriptorType:
-                return descriptor.__get__(owner, type(owner))
-        raise LookupError(f"{type(owner).__qualname__} has no slot {key!r}")
-    if kind == "item":
-        if _is(owner, dict):
-            return dict.__getitem__(owner, key)
-        if _is(owner, list):
-            return list.__getitem__(owner, key)
-        if _is(owner, tuple):
-            return tuple.__getitem__(owner, key)
-        return owner[key]
-    if kind == "local":
-        for name, value in frame_locals(owner):
-            if name == key:
-                return value
-        raise LookupError(f"the frame has no local {key!r}")
-    if kind == "cell":
-        return owner.__closure__[owner.__code__.co_freevars.index(key)].cell_contents
-    if kind == "key":
-        return list(owner)[key]
-    raise LookupError(f"an edge of kind {kind!r} cannot be read back")
-
-
-def writable(edge: Edge) -> bool:
-    """Whether :func:`write` can replace what ``edge`` leads to: a global, a class attribute, an
-    attribute or slot, an item of a list, deque or dict. Not a frame local, a closure cell, a tuple
-    item, a dict key, a set member or any other reference."""
-    if edge.kind in ("global", "class", "attr", "slot"):
-        return True
-    return edge.kind == "item" and _is(edge.owner, (list, dict, collections.deque))
-
-
-def write(edge: Edge, value: Any) -> None:
-    """Replace what ``edge`` leads to with ``value``, in place, without the owner's user-level
-    ``__setitem__``/``__setattr__`` (an ``nn.Module`` attribute goes through ``setattr`` so that a
-    buffer stays a buffer). :class:`GradGuardError` when not :func:`writable`."""
-    owner, kind, key = edge.owner, edge.kind, edge.key
-    if not writable(edge):
-        raise GradGuardError(f"gradguard cannot replace a {kind} in place ({spell((edge,))}); detach it at the source")
-    if kind == "global":
-        vars(owner)[key] = value
-    elif kind == "class":
-        type.__setattr__(owner, key, value)
-    elif kind == "attr":
-        if _is(owner, nn.Module):
-            setattr(owner, key, value)
-        else:
-            object.__getattribute__(owner, "__dict__")[key] = value
-    elif kind == "slot":
-        for cls in type(owner).__mro__:
-            descriptor = cls.__dict__.get(key)
-            if type(descriptor) is types.MemberDescriptorType:
-                descriptor.__set__(owner, value)
-                return
-    elif _is(owner, dict):
-        dict.__setitem__(owner, key, value)
-    elif _is(owner, list):
-        list.__setitem__(owner, key, value)
-    else:
-        owner[key] = value
-
-
-def _short(value: Any, limit: int = 40) -> str:
-    text = repr(value) if isinstance(value, (str, int, float, bool, bytes, type(None))) else f"<{type(value).__name__}>"
-    text = text if text.isprintable() else ascii(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _spell_root(edge: Edge, wildcard: bool) -> str:
-    owner, kind, key = edge.owner, edge.kind, edge.key
-    if kind == "global":
-        return f"{owner.__name__}:{key}"
-    if kind == "cell":
-        return f"closure of {owner.__module__}:{owner.__qualname__}: {key}"
-    if kind == "local":
-        return f"{frame_where(owner, line=not wildcard)}: {key}"
-    return f"<{kind}>"
-
-
-def _sequence(owner: Any) -> bool:
-    return _is(owner, (list, tuple, collections.deque, nn.ModuleList, nn.Sequential))
-
-
-def _spell_step(edge: Edge, wildcard: bool) -> str:
-    owner, kind, key = edge.owner, edge.kind, edge.key
-    if kind in ("attr", "slot", "class"):
-        if isinstance(key, str) and key.isidentifier():
-            return f".{key}"
-        if isinstance(key, str) and key.isdigit() and _is(owner, nn.Module):  # ModuleList, Sequential
-            return "[*]" if wildcard and _sequence(owner) else f"[{key}]"
-        return f".__dict__[{_short(key)}]"
-    if kind == "item":
-        if wildcard and type(key) is int and (_sequence(owner) or _is(owner, dict)):  # a list's, or a dict by step
-            return "[*]"
-        return f"[{_short(key)}]"
-    if kind == "key":
-        return ".keys()[*]" if wildcard else f".keys()[{key}]"
-    if kind == "member":
-        return "{…}"
-    if kind == "local":
-        return f".f_locals[{_short(key)}]"
-    if kind == "ref":
-        return f".{key}" if isinstance(key, str) and key.isidentifier() else f" {key}"
-    return f".<{kind}>"
-
-
-def spell(path: Sequence[Edge]) -> str:
-    """``path`` as Python spells it: ``mypkg.train:HISTORY[3]['loss']``, ``model.layers[0].attn.max_logits``
-    under its root (``train.py:42 in step: trainer.metrics['loss_sum']``); a set member is ``{…}``."""
-    return _spell(path, wildcard=False)
-
-
-def holder_key(path: Sequence[Edge]) -> str:
-    """:func:`spell` with sequence indices, ``int`` dict keys and dict key positions as ``[*]``, and no
-    line number: one string for all the records of one list (or of one dict keyed by step), stable
-    from one step to the next."""
-    return _spell(path, wildcard=True)
-
-
-def spell_steps(edges: Sequence[Edge]) -> str:
-    """The steps of ``edges`` spelled after a name already written: ``.metrics['loss_sum']``."""
-    return "".join(_spell_step(e, False) for e in edges)
-
-
-def _spell(path: Sequence[Edge], wildcard: bool) -> str:
-    if not path:
-        return ""
-    first = path[0]
-    text = _spell_root(first, wildcard) if first.kind in ROOT_KINDS else _spell_step(first, wildcard)
-    return text + "".join(_spell_step(e, wildcard) for e in path[1:])

@@ -105,8 +105,8 @@ from . import _stats, _table
 from ._audit import Finding, Retention, RetentionReport, check_ignore, scan
 from ._enforce import _Install, enforce
 from ._errors import GradGuardError, GraphRetentionError, GraphRetentionWarning
-from ._holders import Path, read, writable, write
 from ._message import display, human
+from ._paths import Path, read, writable, write
 from ._policy import DETACH, OFF, RAISE, WARN, Mode, normalize_mode, resolve
 from ._site import warn_at
 from ._tree import detach

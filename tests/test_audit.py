@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import gradguard
-from gradguard import _audit, _holders
+from gradguard import _audit, _paths
 from gradguard.testing import assert_no_retention
 
 HERE = "tests/test_audit.py"
@@ -477,10 +477,10 @@ def test_scan_paths_lead_to_their_tensors_and_can_be_repaired(monkeypatch: pytes
     for finding in ours:
         assert finding.key == finding.retention.holder
         for tensor, path in zip(finding.tensors, finding.paths):
-            assert path[0].kind in _holders.ROOT_KINDS
-            assert _holders.read(path[-1]) is tensor
-            assert _holders.writable(path[-1])
-            _holders.write(path[-1], tensor.detach())
+            assert path[0].kind in _paths.ROOT_KINDS
+            assert _paths.read(path[-1]) is tensor
+            assert _paths.writable(path[-1])
+            _paths.write(path[-1], tensor.detach())
     del ours, finding, tensor, path
     assert _entries("gg_leaky_scan:") == []
     assert all(r["loss"].grad_fn is None for r in m.HISTORY) and m.trainer.metrics["loss"].grad_fn is None
@@ -494,9 +494,9 @@ def test_scan_says_what_cannot_be_written(monkeypatch: pytest.MonkeyPatch) -> No
     (finding,) = [f for f in _audit.scan() if f.key.startswith("gg_leaky_tuple:")]
     (root, item) = finding.paths[0]
     assert (root.kind, root.key, item.kind, item.key) == ("global", "HELD", "item", 0)
-    assert _holders.writable(root) and not _holders.writable(item)
+    assert _paths.writable(root) and not _paths.writable(item)
     with pytest.raises(gradguard.GradGuardError, match="cannot replace"):
-        _holders.write(item, finding.tensors[0].detach())
+        _paths.write(item, finding.tensors[0].detach())
     assert m.HELD[0] is finding.tensors[0]
 
 
@@ -505,8 +505,8 @@ def test_frame_locals_and_cells_cannot_be_written() -> None:
     (finding,) = [f for f in _audit.scan() if f.key.endswith(": held[*]")]
     local, item = finding.paths[0]
     assert (local.kind, local.key, item.kind, item.key) == ("local", "held", "item", 0)
-    assert isinstance(local.owner, types.FrameType) and not _holders.writable(local)
-    assert _holders.read(local) is held and _holders.writable(item)
+    assert isinstance(local.owner, types.FrameType) and not _paths.writable(local)
+    assert _paths.read(local) is held and _paths.writable(item)
 
 
 def test_garbage_cycles_name_nothing() -> None:
