@@ -103,6 +103,7 @@ from torch.utils.hooks import RemovableHandle
 
 from . import _stats, _table
 from ._audit import Finding, Retention, RetentionReport, check_ignore, scan
+from ._criterion import Leak, Source, judge
 from ._enforce import _Install, enforce
 from ._errors import GradGuardError, GraphRetentionError, GraphRetentionWarning
 from ._message import display, human
@@ -130,7 +131,6 @@ _EVERY_ACCEPTED = (
 )
 _AUDIT_ACCEPTED = f"{_EVERY_ACCEPTED}, or 0/off (no watch)"
 _OFF_WORDS = frozenset({"0", "off", "false", "no", "none"})
-_NO_SEQUENCE = 2**64 - 1  # AccumulateGrad and a few others: never recorded, never looked up
 
 
 def _every(value: object, what: str, accepted: str) -> Every:
@@ -156,134 +156,6 @@ def parse_audit(value: object, *, what: str = "audit") -> Every | None:
     if isinstance(value, int) and not isinstance(value, bool) and value == 0:
         return None
     return _every(value, what, _AUDIT_ACCEPTED)
-
-
-# --------------------------------------------------------------------------------------------------
-# Recognising nodes across boundaries
-# --------------------------------------------------------------------------------------------------
-
-
-class _Mark:
-    """A node seen at an audited boundary: its ``metadata`` dict (held: the dict's identity is the
-    node's while it lives), and the boundary at which its graph was first seen."""
-
-    __slots__ = ("metadata", "born")
-
-    def __init__(self, metadata: dict[Any, Any], born: int) -> None:
-        self.metadata, self.born = metadata, born
-
-
-_Marks = dict[tuple[int, type], list[_Mark]]
-
-
-def _key(node: Any) -> tuple[int, type] | None:
-    try:
-        sequence = node._sequence_nr()
-    except (AttributeError, RuntimeError, TypeError):
-        return None
-    return None if sequence == _NO_SEQUENCE else (sequence, type(node))
-
-
-def _metadata(node: Any) -> dict[Any, Any] | None:
-    try:
-        metadata = node.metadata
-    except (AttributeError, RuntimeError):
-        return None
-    return metadata if type(metadata) is dict else None
-
-
-def _born(root: Any, marks: _Marks, clean: set[Any]) -> int | None:
-    """When the oldest recorded node nearest to ``root`` was first seen, or ``None``: a new graph.
-
-    Breadth first, so the nearest recorded node answers. ``clean`` holds nodes whose whole graph
-    below was walked at this boundary and holds no recorded node: they are not walked again.
-    """
-    if not marks:
-        return None
-    seen: set[Any] = set()
-    queue = collections.deque([root])
-    while queue:
-        node = queue.popleft()
-        if node in seen or node in clean:
-            continue
-        seen.add(node)
-        candidates = marks.get(_key(node))  # type: ignore[arg-type]
-        if candidates:
-            metadata = _metadata(node)
-            for mark in candidates:
-                if mark.metadata is metadata:
-                    return mark.born
-        queue.extend(child for child, _ in node.next_functions if child is not None)
-    clean.update(seen)
-    return None
-
-
-def _record(marks: _Marks, node: Any, born: int) -> None:
-    key = _key(node)
-    if key is None:
-        return
-    metadata = _metadata(node)
-    if metadata is None or "parent_" in metadata:  # anomaly mode's parent node: holding it would pin it
-        return
-    entries = marks.setdefault(key, [])
-    for mark in entries:
-        if mark.metadata is metadata:
-            mark.born = min(mark.born, born)
-            return
-    entries.append(_Mark(metadata, born))
-
-
-def _other_threads_frames() -> set[int]:
-    """ids of the frames on every other thread's stack now."""
-    tops = sys._current_frames()
-    del tops[threading.get_ident()]  # this frame, which would then hold itself (and its callers) in a cycle
-    ids: set[int] = set()
-    for top in tops.values():
-        frame: types.FrameType | None = top
-        while frame is not None:
-            ids.add(id(frame))
-            frame = frame.f_back
-    tops.clear()
-    return ids
-
-
-_LOCAL_GRACE = 1  # boundaries a frame's variable may keep a graph: `loss = train_step(batch)`'s previous result
-
-
-def _variable(path: Path) -> bool:
-    """A frame's variable, or a container in one (``loss``, ``out[0]``, ``outputs['logits']``): not
-    an object's state (no attribute on the way)."""
-    return bool(path) and path[0].kind == "local" and all(edge.kind == "item" for edge in path[1:])
-
-
-_Leak = tuple[Finding, list[int], int]  # the finding, the indices of its leaking tensors, boundaries survived
-
-
-def _judge(findings: list[Finding], state: _Source) -> list[_Leak]:
-    """The leaking holders among ``findings``; records the judged graphs' roots in ``state``."""
-    others = _other_threads_frames()
-    now = state.boundaries
-    marks: _Marks = {}
-    clean: set[Any] = set()
-    leaks: list[_Leak] = []
-    for finding in findings:
-        leaking: list[int] = []
-        oldest = now
-        for i, (tensor, path) in enumerate(zip(finding.tensors, finding.paths)):
-            if path and path[0].kind == "local" and id(path[0].owner) in others:
-                continue  # another thread's frame: that thread's boundaries judge it
-            node = tensor.grad_fn
-            if node is None:
-                continue
-            born = _born(node, state.marks, clean)
-            _record(marks, node, now if born is None else born)
-            if born is not None and now - born > (_LOCAL_GRACE if _variable(path) else 0):
-                leaking.append(i)
-                oldest = min(oldest, born)
-        if leaking:
-            leaks.append((finding, leaking, now - oldest))
-    state.marks = marks
-    return leaks
 
 
 # --------------------------------------------------------------------------------------------------
@@ -358,17 +230,6 @@ class HolderHistory:
     repaired: int = 0
 
 
-class _Source:
-    """The boundaries of one optimizer (or of direct :meth:`Watcher.boundary` calls) in one thread:
-    their count, and the nodes recorded at the last audited one."""
-
-    __slots__ = ("boundaries", "marks")
-
-    def __init__(self) -> None:
-        self.boundaries = 0
-        self.marks: _Marks = {}
-
-
 _MAX_SOURCES = 16  # optimizers remembered per thread; the least recently stepped is forgotten first
 
 
@@ -381,16 +242,16 @@ class _ThreadState:
         self.boundaries = 0
         self.sequence: int | None = None  # torch's node counter of this thread at the end of the last boundary
         self.stepped: set[Hashable] = set()  # the sources already stepped since that counter last moved
-        self.sources: collections.OrderedDict[Hashable, _Source] = collections.OrderedDict()
+        self.sources: collections.OrderedDict[Hashable, Source] = collections.OrderedDict()
         self.started = 0.0
         self.spent = 0.0  # seconds spent auditing
         self.last_cost = 0.0
         self.busy = False
 
-    def source(self, key: Hashable) -> _Source:
+    def source(self, key: Hashable) -> Source:
         source = self.sources.get(key)
         if source is None:
-            source = self.sources[key] = _Source()
+            source = self.sources[key] = Source()
             while len(self.sources) > _MAX_SOURCES:
                 self.sources.popitem(last=False)
         else:
@@ -496,8 +357,8 @@ class Watcher:
             return True
         return state.spent + 2 * state.last_cost <= AUTO_SHARE * (now - state.started)
 
-    def _audit(self, state: _Source, mode: Mode) -> RetentionReport:
-        leaks = _judge(scan(self.ignore), state)
+    def _audit(self, state: Source, mode: Mode) -> RetentionReport:
+        leaks = judge(scan(self.ignore), state)
         report = RetentionReport([finding.retention for finding, _, _ in leaks])
         if not leaks:
             return report
@@ -518,7 +379,7 @@ class Watcher:
             self._repair(leaks)
         return report
 
-    def _repair(self, leaks: list[_Leak]) -> None:
+    def _repair(self, leaks: list[Leak]) -> None:
         frame = _user_frame()
         for finding, leaking, survived in leaks:
             writes = tensors = 0
@@ -545,7 +406,7 @@ class Watcher:
             if stuck and _stats.claim_warning(STORE, finding.key, "not repairable"):
                 warn_at(_stuck_message(finding, survived, stuck[0]), GraphRetentionWarning, frame)
 
-    def _note(self, leaks: Iterable[_Leak], outcome: str, repaired: int = 0) -> None:
+    def _note(self, leaks: Iterable[Leak], outcome: str, repaired: int = 0) -> None:
         with self._lock:
             for finding, _, survived in leaks:
                 r = finding.retention
@@ -644,7 +505,7 @@ def _stuck_message(finding: Finding, survived: int, path: Path) -> str:
     )
 
 
-def _raise_message(leaks: list[_Leak]) -> str:
+def _raise_message(leaks: list[Leak]) -> str:
     total = sum(f.retention.pinned_bytes for f, _, _ in leaks)
     lines = [
         f"gradguard: {_plural(len(leaks), 'holder')} {'keeps' if len(leaks) == 1 else 'keep'} autograd graphs "

@@ -18,6 +18,7 @@ LAYERS: list[set[str]] = [
         "_compile",
         "testing",
         "_audit",
+        "_criterion",
         "_watch",
         "_memory",
         "_doctor",
