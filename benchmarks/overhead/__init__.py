@@ -7,7 +7,7 @@
     python -m benchmarks.overhead --from-json RUN.json --md RUN.md  # re-render a run, measure nothing
     python benchmarks/overhead ...                  # the same, run as a directory
 
-Modules: :mod:`.cases` (the cases, each group owning its setup and teardown), :mod:`.timing` (the
-paired statistic), :mod:`.report` (the JSON document and the tables read from it), ``__main__``
-(the command line).
+Modules: :mod:`.registry` (what a case is, the groups), :mod:`.cases` (the cases, each group owning
+its setup and teardown), :mod:`.timing` (the paired statistic), :mod:`.report` (the JSON document and
+the tables read from it), ``__main__`` (the command line).
 """
