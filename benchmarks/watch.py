@@ -39,7 +39,7 @@ import torch  # noqa: E402
 
 import gradguard  # noqa: E402
 from gradguard import _table  # noqa: E402
-from gradguard._bench.machine import machine, machine_line  # noqa: E402
+from gradguard._bench.machine import measuring  # noqa: E402
 from gradguard._bench.scenarios import Size, build  # noqa: E402
 
 __all__ = ["main", "measure"]
@@ -226,12 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.auto_seconds, args.micro_batches = 3, 2.0, 1
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        facts = machine("cpu")
-        line = machine_line(facts)
-        print(f"machine: {line}", flush=True)
+    with measuring("cpu") as (facts, line):
         t0 = time.perf_counter()
         entries, skipped = [], []
         for name in args.scenario or SCENARIOS:
@@ -250,8 +245,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             "torch_threads": torch.get_num_threads(),
             "elapsed_s": round(time.perf_counter() - t0, 1),
         }
-    finally:
-        torch.set_num_threads(threads)
     doc = {"machine": facts, "machine_line": line, "settings": settings, "scenarios": entries, "skipped": skipped}
     print()
     print(text(doc))

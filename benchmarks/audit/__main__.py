@@ -25,7 +25,7 @@ import torch  # noqa: E402
 import gradguard  # noqa: E402
 from benchmarks.audit import heap  # noqa: E402
 from gradguard import _holders, _table  # noqa: E402
-from gradguard._bench.machine import machine, machine_line  # noqa: E402
+from gradguard._bench.machine import measuring  # noqa: E402
 
 __all__ = ["main"]
 
@@ -290,18 +290,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     global LEAK_SIZE
     if args.quick:
         LEAK_SIZE = 300_000
-    torch.set_num_threads(1)
     warnings.simplefilter("ignore", FutureWarning)  # isinstance() on every object wakes deprecated module attributes
-    facts = machine("cpu")
-    line = machine_line(facts)
-    print(f"machine: {line}", flush=True)
-    t0 = time.perf_counter()
-    cases = []
-    for size in sorted(args.sizes):
-        cases.append(clean_case(size, args.rounds, lambda s: print(s, flush=True)))
-    cases.append(leak_case(args.rounds, lambda s: print(s, flush=True)))
-    cases.append(boundary_case(args.rounds, lambda s: print(s, flush=True)))
-    heap.FILLER.clear()
+    with measuring("cpu") as (facts, line):
+        t0 = time.perf_counter()
+        cases = []
+        for size in sorted(args.sizes):
+            cases.append(clean_case(size, args.rounds, lambda s: print(s, flush=True)))
+        cases.append(leak_case(args.rounds, lambda s: print(s, flush=True)))
+        cases.append(boundary_case(args.rounds, lambda s: print(s, flush=True)))
+        heap.FILLER.clear()
     notes = [
         f"The {c['target_objects']:,}-object heap cannot be had: a process with torch and gradguard imported already "
         f"tracks {c['live_objects']:,} objects, so that row is measured on that heap."

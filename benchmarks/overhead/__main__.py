@@ -18,7 +18,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.overhead import cases, report, timing  # noqa: E402
-from gradguard._bench.machine import machine, machine_line  # noqa: E402
+from gradguard._bench.machine import measuring  # noqa: E402
 
 __all__ = ["main", "run"]
 
@@ -118,12 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not selection:
         p.error(f"--only {args.only} matches no case; see --list")
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        facts = machine("cpu")
-        line = machine_line(facts)
-        print(f"machine: {line}", flush=True)
+    with measuring("cpu") as (facts, line):
         t0 = time.perf_counter()
         entries, skipped = run(
             selection, args.rounds, args.batch_ms, args.micro_batches, lambda s: print(s, flush=True)
@@ -138,8 +133,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             "elapsed_s": round(time.perf_counter() - t0, 1),
             "load_avg_1min_end": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         }
-    finally:
-        torch.set_num_threads(threads)
     doc = report.document(entries, skipped, settings, facts, line)
     print()
     _write(doc, args.json, args.md)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import platform
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["machine", "machine_line"]
+__all__ = ["machine", "machine_line", "measuring"]
 
 
 def _cpu_model() -> str:
@@ -54,3 +56,18 @@ def machine_line(facts: dict[str, Any]) -> str:
     if facts.get("load_avg_1min") is not None:
         parts.append(f"load avg {facts['load_avg_1min']}")
     return ", ".join(parts)
+
+
+@contextlib.contextmanager
+def measuring(device: torch.device | str = "cpu") -> Iterator[tuple[dict[str, Any], str]]:
+    """torch on one thread while the block measures (the thread count restored after it), and the
+    machine's facts and line read inside, the line printed first."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        facts = machine(device)
+        line = machine_line(facts)
+        print(f"machine: {line}", flush=True)
+        yield facts, line
+    finally:
+        torch.set_num_threads(threads)
