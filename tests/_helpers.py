@@ -99,3 +99,15 @@ def require_engine(module: str) -> ModuleType:
         if os.environ.get("GRADGUARD_REQUIRE_ENGINES") == "1":
             pytest.fail(f"{module} is required (GRADGUARD_REQUIRE_ENGINES=1) but failed to import: {exc!r}")
         pytest.skip(f"{module} not importable: {exc!r}")
+
+
+def require_gloo() -> Any:
+    """``torch.distributed`` with its gloo backend, or the skip (a failure under
+    ``GRADGUARD_REQUIRE_ENGINES=1``) :func:`require_engine` gives a missing engine."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_gloo_available()):
+        if os.environ.get("GRADGUARD_REQUIRE_ENGINES") == "1":
+            pytest.fail("torch.distributed with gloo is required (GRADGUARD_REQUIRE_ENGINES=1)")
+        pytest.skip("torch.distributed gloo backend not available")
+    return dist

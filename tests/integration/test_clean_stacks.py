@@ -45,7 +45,7 @@ from typing import Any
 
 import pytest
 import torch
-from _helpers import require_engine
+from _helpers import require_engine, require_gloo
 
 import gradguard
 
@@ -133,6 +133,18 @@ def assert_history_leaks(watcher: gradguard.Watcher, raised: Raised, *keys: str)
     assert watcher.audits == STEPS and {e.outcome for e in watcher.history()} == {"raised"}
 
 
+def assert_outcome(
+    guarded: bool, watcher: gradguard.Watcher, raised: Raised, history: list[Any], seen: list[str] | None, *keys: str
+) -> None:
+    """Guarded: :func:`assert_clean`, and no graph left in ``history``; unguarded: the watch found
+    ``history`` holding each of ``keys``."""
+    if guarded:
+        assert_clean(watcher, raised, seen)
+        assert gradguard.find_graphs(history) == []
+    else:
+        assert_history_leaks(watcher, raised, *keys)
+
+
 # --------------------------------------------------------------------------------------------------
 # megatron-core
 # --------------------------------------------------------------------------------------------------
@@ -172,11 +184,7 @@ def test_megatron_real_schedule(megatron: ModuleType, elsewhere: Any, guarded: b
     with gradguard.enforce(engines=["megatron"]) if guarded else contextlib.nullcontext():
         watcher, raised, _ = watched(step, optimizer, elsewhere)
     assert len(history) == STEPS * MICRO_BATCHES and harness.redirected == STEPS
-    if guarded:
-        assert_clean(watcher, raised)
-        assert gradguard.find_graphs(history) == []
-    else:
-        assert_history_leaks(watcher, raised, "['log_probs']", "['entropy']")
+    assert_outcome(guarded, watcher, raised, history, None, "['log_probs']", "['entropy']")
 
 
 @megatron_warnings
@@ -211,11 +219,7 @@ def test_megatron_forward_step(megatron: ModuleType, elsewhere: Any, guarded: bo
     with gradguard.enforce(engines=["megatron"]) if guarded else contextlib.nullcontext():
         watcher, raised, seen = watched(step, optimizer, elsewhere, look=guarded)
     assert len(history) == STEPS * MICRO_BATCHES
-    if guarded:
-        assert_clean(watcher, raised, seen)
-        assert gradguard.find_graphs(history) == []
-    else:
-        assert_history_leaks(watcher, raised, "['logits_mean']", "['logits_sq']")
+    assert_outcome(guarded, watcher, raised, history, seen, "['logits_mean']", "['logits_sq']")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -281,13 +285,9 @@ def _pipelining_rank(rank: int, port: int, outdir: str) -> None:
 @pytest.fixture(scope="module")
 def pipelining(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     require_engine("torch.distributed.pipelining")
-    import torch.distributed as dist
+    require_gloo()
     import torch.multiprocessing as mp
 
-    if not (dist.is_available() and dist.is_gloo_available()):
-        if os.environ.get("GRADGUARD_REQUIRE_ENGINES") == "1":
-            pytest.fail("torch.distributed with gloo is required (GRADGUARD_REQUIRE_ENGINES=1)")
-        pytest.skip("torch.distributed gloo backend not available")
     outdir = tmp_path_factory.mktemp("clean_pipelining")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -355,11 +355,8 @@ def test_peft_lora_gradient_checkpointing(elsewhere: Any, guarded: bool) -> None
 
     watcher, raised, seen = watched(step, optimizer, elsewhere, look=guarded)
     assert len(history) == STEPS * MICRO_BATCHES
-    if guarded:
-        assert_clean(watcher, raised, seen)
-        assert gradguard.find_graphs(history) == []
-    else:
-        assert_history_leaks(watcher, raised, "['model_output']['log_probs']", "['model_output']['entropy']")
+    keys = ("['model_output']['log_probs']", "['model_output']['entropy']")
+    assert_outcome(guarded, watcher, raised, history, seen, *keys)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -380,10 +377,5 @@ def test_verl_style_engine(elsewhere: Any, guarded: bool) -> None:
 
     watcher, raised, _ = watched(step, optimizer, elsewhere)
     assert len(history) == STEPS * MICRO_BATCHES
-    if guarded:
-        assert_clean(watcher, raised)
-        assert gradguard.find_graphs(history) == []
-    else:
-        assert_history_leaks(
-            watcher, raised, "['model_output']['log_probs']", "['model_output']['entropy']", "['metrics']['entropy']"
-        )
+    keys = ("['model_output']['log_probs']", "['model_output']['entropy']", "['metrics']['entropy']")
+    assert_outcome(guarded, watcher, raised, history, None, *keys)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from _helpers import require_engine
+from _helpers import require_engine, require_gloo
 
 pytestmark = pytest.mark.integration
 
@@ -190,13 +190,9 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, dict[str, Any]]]:
     require_engine("torch.distributed.pipelining")
-    import torch.distributed as dist
+    require_gloo()
     import torch.multiprocessing as mp
 
-    if not (dist.is_available() and dist.is_gloo_available()):
-        if os.environ.get("GRADGUARD_REQUIRE_ENGINES") == "1":
-            pytest.fail("torch.distributed with gloo is required (GRADGUARD_REQUIRE_ENGINES=1)")
-        pytest.skip("torch.distributed gloo backend not available")
     outdir = tmp_path_factory.mktemp("pipelining")
     ctx = mp.spawn(_worker, args=(_free_port(), str(outdir)), nprocs=WORLD, join=False)
     deadline = time.monotonic() + SPAWN_TIMEOUT_S
