@@ -296,7 +296,9 @@ def _run_target(module: str | None, target: list[str], mode: Any, every: Any) ->
 
     from ._enforce import enforce
     from ._stats import stats
-    from ._watch import watch
+    from ._watch import stop_process_watch, watch
+
+    stop_process_watch()  # GRADGUARD_AUDIT is this run's --audit-every default: one watch, not two
 
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
     if module is None:

@@ -65,9 +65,11 @@ How often: ``every``
 
 Turning it on
     ``with gradguard.watch(...)`` or ``@gradguard.watch(...)``; ``gradguard.enforce(audit=N)``;
-    ``GRADGUARD_AUDIT=N`` (or ``auto``; ``0``/``off``: none), read when a ``gradguard.enforce()``
-    scope is made, so that code already running under ``enforce()`` gets the watch without a change
-    (importing gradguard installs nothing); ``gradguard run`` (a script under both, no code change);
+    ``GRADGUARD_AUDIT=N`` (or ``auto``; ``0``/``off``: none) set when gradguard is imported: one watch
+    for the whole process, in the mode in force at each boundary, with no change to the code (a bad
+    value is a :class:`GradGuardError` out of the first ``optimizer.step()``, after that step; with
+    the variable unset, importing gradguard registers nothing); ``gradguard run`` (a script under
+    ``enforce()`` and the watch, no code change; it takes the process watch over);
     pytest's ``--gradguard-audit=N`` and ``@pytest.mark.gradguard(audit=N)``. A bad value is a
     :class:`GradGuardError` there, naming it and what is accepted.
 
@@ -112,7 +114,17 @@ from ._policy import DETACH, OFF, RAISE, WARN, Mode, normalize_mode, resolve
 from ._site import warn_at
 from ._tree import detach
 
-__all__ = ["AUDIT_ENV", "AUTO_SHARE", "HolderHistory", "Watcher", "audit_install", "parse_audit", "watch"]
+__all__ = [
+    "AUDIT_ENV",
+    "AUTO_SHARE",
+    "HolderHistory",
+    "Watcher",
+    "audit_install",
+    "parse_audit",
+    "start_process_watch",
+    "stop_process_watch",
+    "watch",
+]
 
 Every = int | Literal["auto"]
 
@@ -550,17 +562,63 @@ _serial = itertools.count(1)
 
 
 def audit_install(audit: object) -> _Install | None:
-    """``enforce(audit=...)``'s install: ``audit`` when given, else ``GRADGUARD_AUDIT``; ``None`` for no watch.
+    """``enforce(audit=...)``'s install: ``audit`` when given, else ``GRADGUARD_AUDIT`` unless the
+    process watch already runs it; ``None`` for no watch.
 
     Scopes asking for the same ``every`` share one watcher (its mode is the scope's: ``None``).
     """
     if audit is None:
+        if _process_watch is not None:
+            return None
         every = parse_audit(os.environ.get(AUDIT_ENV), what=AUDIT_ENV)
     else:
         every = parse_audit(audit)
     if every is None:
         return None
     return _WatchInstall(Watcher(every=every), ("watch", f"audit={every}"))
+
+
+class _ProcessWatch:
+    """``GRADGUARD_AUDIT`` set when gradguard was imported: the process's watch. Its value is read at
+    the first ``optimizer.step()`` (a bad one is refused there, after the step), then every step is
+    that watcher's boundary."""
+
+    def __init__(self) -> None:
+        self.watcher: Watcher | None = None
+        self.off = False
+        self.handle = register_optimizer_step_post_hook(self._hook)
+
+    def _hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.watcher is None and not self.off:
+            every = parse_audit(os.environ.get(AUDIT_ENV), what=AUDIT_ENV)
+            if every is None:
+                self.off = True
+            else:
+                self.watcher = Watcher(every=every)
+        if self.watcher is not None:
+            self.watcher._boundary(id(optimizer))
+
+    def stop(self) -> None:
+        self.handle.remove()
+
+
+_process_watch: _ProcessWatch | None = None
+
+
+def start_process_watch() -> None:
+    """At import: the process watch, when ``GRADGUARD_AUDIT`` is set (to anything: it is parsed at the
+    first step)."""
+    global _process_watch
+    if _process_watch is None and os.environ.get(AUDIT_ENV, "").strip():
+        _process_watch = _ProcessWatch()
+
+
+def stop_process_watch() -> None:
+    """``gradguard run`` runs its own watch from the same setting: the process watch stops."""
+    global _process_watch
+    if _process_watch is not None:
+        _process_watch.stop()
+        _process_watch = None
 
 
 class watch(enforce):

@@ -172,3 +172,63 @@ def test_a_target_is_required(capsys: pytest.CaptureFixture[str]) -> None:
         _cli.main(["run", "--mode", "raise"])
     assert exited.value.code == 2
     assert "give a script to run, or -m MODULE" in capsys.readouterr().err
+
+
+IMPORTS_GRADGUARD = """
+import sys
+
+import torch
+
+import gradguard  # the program uses gradguard (guard(), @forward_step, ...): GRADGUARD_AUDIT needs nothing more
+
+HISTORY = []
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(4):
+    loss = model(torch.randn(2, 4)).pow(2).mean()
+    loss.backward()
+    HISTORY.append(loss)
+    opt.step()
+print("done")
+"""
+
+
+def _python(script: Path, **environ: str | None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env(**environ), timeout=180
+    )
+
+
+def test_gradguard_audit_turns_the_watch_on_for_the_whole_process(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(IMPORTS_GRADGUARD)
+    run = _python(script, GRADGUARD_AUDIT="1", GRADGUARD="warn")
+    assert run.returncode == 0 and "done" in run.stdout, run.stderr
+    assert "GraphRetentionWarning: gradguard: __main__:HISTORY[0] keeps an autograd graph" in run.stderr
+    unset = _python(script, GRADGUARD_AUDIT=None, GRADGUARD="warn")
+    assert unset.returncode == 0 and "GraphRetentionWarning" not in unset.stderr, unset.stderr
+    repaired = _python(script, GRADGUARD_AUDIT="1", GRADGUARD=None)  # the default mode: detach repairs
+    assert repaired.returncode == 0 and "GraphRetentionWarning" not in repaired.stderr, repaired.stderr
+
+
+def test_a_bad_gradguard_audit_is_refused_at_the_first_step(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(IMPORTS_GRADGUARD)
+    run = _python(script, GRADGUARD_AUDIT="often")
+    assert run.returncode == 1 and "done" not in run.stdout
+    assert "opt.step()" in run.stderr  # out of the first optimizer step, not out of the import
+    assert "gradguard.GradGuardError: GRADGUARD_AUDIT='often'" in run.stderr, run.stderr
+
+
+def test_gradguard_run_takes_the_process_watch_over(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(LEAKY)
+    run = subprocess.run(
+        [sys.executable, "-m", "gradguard", "run", "--mode", "raise", "train.py", "4", "--leak"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env(GRADGUARD_AUDIT="1"),
+        timeout=180,
+    )
+    assert run.returncode == 1, run.stderr
+    assert "gradguard watch: 2 step boundaries, 2 audited" in run.stderr  # one watch, each boundary once
