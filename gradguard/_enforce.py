@@ -12,7 +12,6 @@ from __future__ import annotations
 import abc
 import contextlib
 import contextvars
-import os
 import sys
 import threading
 import warnings
@@ -389,9 +388,7 @@ class _ScopedAsyncGenerator(_Scoped):
 
 def _watch_installs(audit: int | str | None) -> list[_Install]:
     """The step-boundary watch's install, when ``audit`` (or, for ``None``, ``GRADGUARD_AUDIT``) asks for one."""
-    if audit is None and not os.environ.get("GRADGUARD_AUDIT", "").strip():
-        return []
-    from ._watch import audit_install  # the watch builds on this module: imported when asked for
+    from ._watch import audit_install  # the watch builds on this module: imported here, not at the top
 
     install = audit_install(audit)
     return [] if install is None else [install]
