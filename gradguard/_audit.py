@@ -24,6 +24,7 @@ from ._holders import find_paths, live_graph_tensors, running_thread
 from ._message import display, human
 from ._paths import Edge, Path, frame_where, holder_key, spell, spell_steps
 from ._table import text
+from ._tree import graph_record
 
 __all__ = ["Finding", "Ignore", "Retention", "RetentionReport", "audit", "check_ignore", "scan"]
 
@@ -280,7 +281,7 @@ def _scan(keep_out: Callable[[Retention], bool] | None, exclude: set[int]) -> tu
     for key, members in groups.items():
         members.sort(key=lambda m: (len(m[0]), m[0]))  # the example: HISTORY[0] rather than HISTORY[17]
         example, group = members[0][2], tuple(m[1] for m in members)
-        alone, nodes = _pinned(group, set(), inside)
+        alone, nodes = _graph.graph_memory([t.grad_fn for t in group], set(), inside)
         thread = running_thread(example[0].owner) if example[0].kind == "local" else None
         name = None if thread is None else names.get(thread, str(thread))
         retention = _retention(key, members[0][0], example, group, nodes, alone, name)
@@ -292,7 +293,7 @@ def _scan(keep_out: Callable[[Retention], bool] | None, exclude: set[int]) -> tu
     counted: set[Hashable] = set()
     findings = []
     for retention, group, group_paths, thread in drafts:
-        shared, _ = _pinned(group, counted)
+        shared, _ = _graph.graph_memory([t.grad_fn for t in group], counted)  # each storage once, overall
         findings.append(
             Finding(dataclasses.replace(retention, pinned_bytes=shared), retention.holder, group, group_paths, thread)
         )
@@ -302,29 +303,18 @@ def _scan(keep_out: Callable[[Retention], bool] | None, exclude: set[int]) -> tu
     return findings, untraced
 
 
-def _pinned(tensors: Sequence[torch.Tensor], counted: set[Hashable], inside: set[int] | None = None) -> tuple[int, int]:
-    """Bytes the graphs of ``tensors`` keep alive that ``counted`` does not hold yet (added to it), and
-    how many distinct nodes those graphs have: :func:`gradguard.pinned_bytes`' rules, shared counting.
-    The ids of the tensors the graphs hold (saved, leaves) are added to ``inside`` when given."""
-    return _graph.graph_memory([t.grad_fn for t in tensors], counted, inside)
-
-
 def _retention(
     key: str, example: str, path: Path, group: Sequence[torch.Tensor], nodes: int, pinned: int, thread: str | None
 ) -> Retention:
-    t = group[0]
-    try:
-        shape: tuple[int, ...] | None = tuple(t.shape)
-    except RuntimeError:
-        shape = None
+    record = graph_record(group[0])
     return Retention(
         path=example,
         holder=key,
         kind=path[0].kind,
-        grad_fn=type(t.grad_fn).__name__,
-        shape=shape,
-        dtype=t.dtype,
-        device=t.device,
+        grad_fn=record.grad_fn,
+        shape=record.shape,
+        dtype=record.dtype,
+        device=record.device,
         tensors=len(group),
         nodes=nodes,
         pinned_bytes=pinned,

@@ -31,6 +31,7 @@ __all__ = [
     "detach",
     "detach_tree",
     "find_graphs",
+    "graph_record",
     "iter_tensors",
     "map_tensors",
     "substitute",
@@ -319,7 +320,7 @@ def find_graphs(obj: Any) -> list[GraphRecord]:
     no rule knows (read from their ``__dict__`` and slots, never through user code). Classes, modules
     and functions are not looked into. Each object is visited once, so cycles terminate.
     """
-    return [_record(t, path) for path, t in iter_tensors(obj) if t.grad_fn is not None]
+    return [graph_record(t, path) for path, t in iter_tensors(obj) if t.grad_fn is not None]
 
 
 def iter_tensors(obj: Any) -> Iterator[tuple[str, torch.Tensor]]:
@@ -361,7 +362,8 @@ def iter_tensors(obj: Any) -> Iterator[tuple[str, torch.Tensor]]:
         stack.extend((c, path + label) for c, label in zip(reversed(children), reversed(labels)))
 
 
-def _record(t: torch.Tensor, path: str) -> GraphRecord:
+def graph_record(t: torch.Tensor, path: str = "") -> GraphRecord:
+    """The :class:`GraphRecord` of ``t``, a tensor that carries ``grad_fn``, found at ``path``."""
     try:
         shape: tuple[Any, ...] | None = tuple(t.shape)
     except RuntimeError:

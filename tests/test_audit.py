@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import gradguard
-from gradguard import _audit, _paths
+from gradguard import _audit, _graph, _paths
 from gradguard.testing import assert_no_retention
 
 HERE = "tests/test_audit.py"
@@ -162,7 +162,7 @@ def test_hf_tr_loss_accumulated_by_plus_equals_in_a_frame_local() -> None:
     assert (entry.kind, entry.tensors, entry.grad_fn) == ("local", 1, "AddBackward0")
     assert entry.thread == threading.current_thread().name
     assert entry.fix.startswith("detach before storing into trainer.tr_loss (in tests/test_audit.py:")
-    one_step = _audit._pinned([_loss(model)], set())[1]
+    one_step = _graph.graph_memory([_loss(model).grad_fn], set())[1]
     assert entry.nodes > 2 * one_step  # the accumulator's graph grows by a step's nodes every step
 
 
