@@ -111,3 +111,25 @@ def require_gloo() -> Any:
             pytest.fail("torch.distributed with gloo is required (GRADGUARD_REQUIRE_ENGINES=1)")
         pytest.skip("torch.distributed gloo backend not available")
     return dist
+
+
+def run_ranks(worker: Any, nprocs: int, outdir: str, timeout_s: float) -> None:
+    """``worker(rank, port, outdir)`` in ``nprocs`` spawned processes on a free loopback port, joined
+    within ``timeout_s`` (a rank's exception is re-raised with its traceback; past the time the ranks
+    are terminated and the test fails)."""
+    import socket
+    import time
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.spawn(worker, args=(port, outdir), nprocs=nprocs, join=False)
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=1):  # raises ProcessRaisedException with the rank's traceback
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.terminate()
+            pytest.fail(f"the {nprocs}-rank run did not finish in {timeout_s} s")

@@ -33,9 +33,7 @@ import gc
 import importlib.util
 import json
 import os
-import socket
 import sys
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -45,7 +43,7 @@ from typing import Any
 
 import pytest
 import torch
-from _helpers import require_engine, require_gloo
+from _helpers import require_engine, require_gloo, run_ranks
 
 import gradguard
 
@@ -286,20 +284,8 @@ def _pipelining_rank(rank: int, port: int, outdir: str) -> None:
 def pipelining(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     require_engine("torch.distributed.pipelining")
     require_gloo()
-    import torch.multiprocessing as mp
-
     outdir = tmp_path_factory.mktemp("clean_pipelining")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.spawn(_pipelining_rank, args=(port, str(outdir)), nprocs=2, join=False)
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    while not ctx.join(timeout=1):  # raises ProcessRaisedException with the rank's traceback
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.terminate()
-            pytest.fail(f"the two-rank pipelining run did not finish in {SPAWN_TIMEOUT_S} s")
+    run_ranks(_pipelining_rank, 2, str(outdir), SPAWN_TIMEOUT_S)
     return [json.loads((outdir / f"rank{r}.json").read_text()) for r in range(2)]
 
 

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
-import time
 from typing import Any
 
 import pytest
 import torch
-from _helpers import require_engine, require_gloo
+from _helpers import require_engine, require_gloo, run_ranks
 
 pytestmark = pytest.mark.integration
 
@@ -176,12 +174,6 @@ def _worker(rank: int, port: int, outdir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # --------------------------------------------------------------------------------------------------
 # One spawn for the whole module
 # --------------------------------------------------------------------------------------------------
@@ -191,17 +183,8 @@ def _free_port() -> int:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, dict[str, Any]]]:
     require_engine("torch.distributed.pipelining")
     require_gloo()
-    import torch.multiprocessing as mp
-
     outdir = tmp_path_factory.mktemp("pipelining")
-    ctx = mp.spawn(_worker, args=(_free_port(), str(outdir)), nprocs=WORLD, join=False)
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    while not ctx.join(timeout=1):  # raises ProcessRaisedException with the rank's traceback
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.terminate()
-            pytest.fail(f"two-rank pipelining run did not finish in {SPAWN_TIMEOUT_S} s")
+    run_ranks(_worker, WORLD, str(outdir), SPAWN_TIMEOUT_S)
     return [torch.load(outdir / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
 
 
