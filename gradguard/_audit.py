@@ -13,7 +13,7 @@ import dataclasses
 import gc
 import threading
 import types
-from collections.abc import Callable, Hashable, Iterable, Iterator, MutableMapping, MutableSequence, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -21,12 +21,35 @@ import torch
 from . import _graph
 from ._errors import GradGuardError
 from ._holders import find_paths, live_graph_tensors, running_thread
+from ._liveness import Liveness
 from ._message import display, human
-from ._paths import Edge, Path, frame_where, holder_key, spell, spell_steps
+from ._ownership import Owner, path_owners
+from ._paths import Path, frame_where, holder_key, module_dict, reaches, read, spell, spell_steps
 from ._table import text
-from ._tree import graph_record
+from ._tree import detach_tree, graph_record
 
-__all__ = ["Finding", "Ignore", "Retention", "RetentionReport", "audit", "check_ignore", "scan"]
+__all__ = [
+    "NODE_BYTES",
+    "Finding",
+    "Ignore",
+    "Retention",
+    "RetentionReport",
+    "audit",
+    "check_ignore",
+    "scan",
+    "scan_lock",
+    "scan_tensors",
+]
+
+NODE_BYTES = 700
+"""Estimated bytes of one autograd node that a kept graph pins: 640–780 B per node measured with
+glibc's allocator for an MLP, a convolution and a transformer layer's backwarded graphs on torch 2.13
+(``benchmarks/results/audit-cpu.md``): the node, its edges and input metadata, its freed saved
+variables."""
+
+scan_lock = threading.RLock()
+"""One heap search at a time in this process: a search running next to another sees the other's
+tables (lists of every object) as referrers and slows down many times over."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,10 +71,18 @@ class Retention:
       nodes their graphs have (a holder that accumulates, ``loss_sum += loss``, grows by nodes).
     * ``pinned_bytes``: what the graphs keep alive (the rules of :func:`gradguard.pinned_bytes`),
       each storage counted once across the whole report, for the holder that pins the most.
-    * ``fix``: what to do about it.
+    * ``node_bytes``: what the graphs' own autograd nodes take, estimated at
+      :data:`NODE_BYTES` per node and counted once across the report: after a backward a kept loss
+      pins no tensor, but its nodes stay (a ``loss_sum += loss`` grows by them every step).
+    * ``fix``: what to do about it, offered only where it applies: a change the user can make that
+      releases the graph (checked: the suggested guard would detach this holder's value), or, for
+      a graph held in a library's state, where to pass a detached value instead.
     * ``thread``: the name of the thread whose running frame holds it (``kind == "local"``, not a
       suspended generator's frame); ``None`` otherwise. Another thread in the middle of its forward
       is listed like any holder: telling its live graph from a leak is the caller's business.
+    * ``alive``: whether a backward through its graphs can still succeed
+      (:mod:`gradguard._liveness`): ``False`` once a backward freed them or a tensor they saved was
+      modified in place (an optimizer step), so detaching them changes no gradient.
 
     A record refers to no tensor and no object of the program: keeping it pins nothing.
     """
@@ -68,6 +99,8 @@ class Retention:
     pinned_bytes: int
     fix: str
     thread: str | None = None
+    alive: bool = True
+    node_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: dtype and device as strings, shape as a list."""
@@ -111,6 +144,10 @@ class RetentionReport(Sequence[Retention]):
         return sum(e.pinned_bytes for e in self._entries)
 
     @property
+    def node_bytes(self) -> int:
+        return sum(e.node_bytes for e in self._entries)
+
+    @property
     def tensors(self) -> int:
         return sum(e.tensors for e in self._entries)
 
@@ -119,6 +156,7 @@ class RetentionReport(Sequence[Retention]):
             "holders": len(self._entries),
             "tensors": self.tensors,
             "pinned_bytes": self.pinned_bytes,
+            "node_bytes": self.node_bytes,
             "untraced": self.untraced,
             "frozen": self.frozen,
             "entries": [e.to_dict() for e in self._entries],
@@ -132,6 +170,8 @@ class RetentionReport(Sequence[Retention]):
                 display(e.path if e.tensors == 1 else e.holder),
                 str(e.tensors),
                 human(e.pinned_bytes),
+                nodes_text(e.nodes, e.node_bytes),
+                "yes" if e.alive else "no",
                 e.grad_fn,
                 "?" if e.shape is None else "x".join(map(str, e.shape)) or "scalar",
                 str(e.dtype).removeprefix("torch."),
@@ -140,10 +180,10 @@ class RetentionReport(Sequence[Retention]):
             ]
             for e in self._entries
         ]
-        header = ["holder", "tensors", "pinned", "grad_fn", "shape", "dtype", "device", "fix"]
+        header = ["holder", "tensors", "pinned", "nodes", "backward", "grad_fn", "shape", "dtype", "device", "fix"]
         title = (
             f"gradguard.audit: {len(self._entries)} holder(s) keep {self.tensors} tensor(s) carrying an autograd "
-            f"graph, pinning ~{human(self.pinned_bytes)}"
+            f"graph, pinning ~{human(self.pinned_bytes)} of tensors and ~{human(self.node_bytes)} of graph nodes"
         )
         return f"{title}\n{text(header, rows)}{self._untraced_line()}"
 
@@ -160,7 +200,8 @@ class RetentionReport(Sequence[Retention]):
 
     def __repr__(self) -> str:
         return (
-            f"<RetentionReport: {len(self._entries)} holder(s), {self.tensors} tensor(s), {human(self.pinned_bytes)}>"
+            f"<RetentionReport: {len(self._entries)} holder(s), {self.tensors} tensor(s), {human(self.pinned_bytes)}, "
+            f"~{human(self.node_bytes)} of nodes>"
         )
 
 
@@ -240,7 +281,10 @@ def scan(ignore: Ignore = None, *, exclude_ids: Iterable[int] = ()) -> list[Find
     Never mutates anything, never unpacks a saved tensor. The findings keep what they name alive:
     see :class:`Finding`.
     """
-    return _scan(check_ignore(ignore), set(exclude_ids))[0]
+    exclude = set(exclude_ids)
+    with scan_lock:
+        tensors = live_graph_tensors(exclude)
+        return scan_tensors(tensors, check_ignore(ignore), exclude)[0]
 
 
 def audit(*, ignore: Ignore = None) -> RetentionReport:
@@ -248,22 +292,36 @@ def audit(*, ignore: Ignore = None) -> RetentionReport:
 
     Looks at the whole process: module globals, class attributes, closure cells, the frames of
     every thread (a thread in the middle of a forward is listed too) and of suspended generators and
-    coroutines. Never an ``nn.Parameter``, never gradguard's own objects or frames. ``ignore`` takes
-    path prefixes (a str, or an iterable of str, matched against ``path`` and ``holder``) or a
+    coroutines. Never an ``nn.Parameter`` or a view of one (a tied weight), never a FakeTensor or
+    another tensor torch.compile traces with, never gradguard's own objects or frames. ``ignore``
+    takes path prefixes (a str, or an iterable of str, matched against ``path`` and ``holder``) or a
     predicate called with each :class:`Retention`, for graphs kept on purpose (double backward,
     ``retain_graph=True``); anything else raises :class:`GradGuardError`.
 
-    The audit never mutates anything, never unpacks a saved tensor, and keeps nothing alive once it
-    returns: the report holds strings and numbers only. See :class:`Retention` for the fields.
+    The audit never mutates anything, never calls the program's code (no ``__iter__``, property or
+    ``__getattr__`` of its objects, no frame's ``locals()`` snapshot written), never unpacks a saved
+    tensor that has hooks, and keeps nothing alive once it returns: the report holds strings and
+    numbers only. See :class:`Retention` for the fields.
     """
-    findings, untraced = _scan(check_ignore(ignore), set())
+    keep_out = check_ignore(ignore)
+    with scan_lock:
+        tensors = live_graph_tensors(set())
+        findings, untraced = scan_tensors(tensors, keep_out, set())
+        del tensors
     entries = [f.retention for f in findings]
     del findings
     return RetentionReport(entries, untraced, gc.get_freeze_count())
 
 
-def _scan(keep_out: Callable[[Retention], bool] | None, exclude: set[int]) -> tuple[list[Finding], int]:
-    tensors = live_graph_tensors(exclude)
+def scan_tensors(
+    tensors: list[torch.Tensor],
+    keep_out: Callable[[Retention], bool] | None,
+    exclude: set[int],
+    liveness: Liveness | None = None,
+) -> tuple[list[Finding], int]:
+    """:func:`scan` of the given graph tensors (``live_graph_tensors``' result): the findings, most
+    pinned bytes first, and how many of the tensors no root reaches. Call it holding
+    :data:`scan_lock`; ``liveness``, when given, is the audit's (its held nodes are these tensors')."""
     if not tensors:
         return [], 0
     paths = find_paths(tensors, {id(tensors), *exclude})
@@ -274,8 +332,9 @@ def _scan(keep_out: Callable[[Retention], bool] | None, exclude: set[int]) -> tu
             lost.append(t)
             continue
         groups.setdefault(holder_key(path), []).append((spell(path), t, path))
-    del tensors, paths
+    del paths
     names = {t.ident: t.name for t in threading.enumerate()}
+    liveness = liveness or Liveness({t.grad_fn for t in tensors})
     inside: set[int] = set()  # what the graphs found hold (saved tensors, leaves)
     drafts = []
     for key, members in groups.items():
@@ -284,27 +343,34 @@ def _scan(keep_out: Callable[[Retention], bool] | None, exclude: set[int]) -> tu
         alone, nodes = _graph.graph_memory([t.grad_fn for t in group], set(), inside)
         thread = running_thread(example[0].owner) if example[0].kind == "local" else None
         name = None if thread is None else names.get(thread, str(thread))
-        retention = _retention(key, members[0][0], example, group, nodes, alone, name)
+        alive = any(liveness.state(t.grad_fn).alive for t in group)
+        retention = _retention(key, members[0][0], example, group, nodes, alone, name, alive)
         if keep_out is not None and keep_out(retention):
             continue
         drafts.append((retention, group, tuple(m[2] for m in members), thread))
-    del groups
+    del groups, liveness
     drafts.sort(key=lambda d: (-d[0].pinned_bytes, -d[0].tensors, d[0].holder))
     counted: set[Hashable] = set()
     findings = []
     for retention, group, group_paths, thread in drafts:
-        shared, _ = _graph.graph_memory([t.grad_fn for t in group], counted)  # each storage once, overall
-        findings.append(
-            Finding(dataclasses.replace(retention, pinned_bytes=shared), retention.holder, group, group_paths, thread)
-        )
-    findings.sort(key=lambda f: -f.retention.pinned_bytes)  # stable: ties keep the order above
+        shared, new_nodes = _graph.graph_memory([t.grad_fn for t in group], counted)  # each storage once, overall
+        retention = dataclasses.replace(retention, pinned_bytes=shared, node_bytes=new_nodes * NODE_BYTES)
+        findings.append(Finding(retention, retention.holder, group, group_paths, thread))
+    findings.sort(key=lambda f: -(f.retention.pinned_bytes + f.retention.node_bytes))  # stable: ties keep the order
     # saved for backward by a graph found (torch keeps the Python object of a saved tensor): not lost
     untraced = sum(1 for t in lost if id(t) not in inside)
     return findings, untraced
 
 
 def _retention(
-    key: str, example: str, path: Path, group: Sequence[torch.Tensor], nodes: int, pinned: int, thread: str | None
+    key: str,
+    example: str,
+    path: Path,
+    group: Sequence[torch.Tensor],
+    nodes: int,
+    pinned: int,
+    thread: str | None,
+    alive: bool,
 ) -> Retention:
     record = graph_record(group[0])
     return Retention(
@@ -318,9 +384,18 @@ def _retention(
         tensors=len(group),
         nodes=nodes,
         pinned_bytes=pinned,
-        fix=_fix(path),
+        fix=fix(path, group[0]),
         thread=thread,
+        alive=alive,
+        node_bytes=nodes * NODE_BYTES,
     )
+
+
+def nodes_text(nodes: int, node_bytes: int) -> str:
+    """``7 (~4.8 KiB)``: a holder's graph nodes and what they take (``shared``: counted for another holder)."""
+    if not nodes:
+        return "0"
+    return f"{nodes} (~{human(node_bytes)})" if node_bytes else f"{nodes} (shared)"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -336,25 +411,85 @@ _STORES: dict[type, str] = {
 _NAMING = ("global", "class", "local", "cell", "attr", "slot")
 
 
-def _fix(path: Path) -> str:
-    """What to do about the holder at ``path`` (live edges), first that applies: the
-    ``enforce(stores=...)`` spec when the store is an argument of the running function; guarding the
-    nearest list or dict, named from the root, that holds it as an item; else detaching it there."""
-    first = path[0]
-    reached = [e.owner for e in path[1:]]  # reached[j]: what edge j leads to (the last one: the tensor)
-    argument = first.kind == "local" and len(path) > 1 and _is_argument(first.owner, first.key)
-    if argument and path[1].kind == "item" and issubclass(type(path[1].owner), (MutableSequence, MutableMapping)):
+def fix(path: Path, tensor: torch.Tensor) -> str:
+    """What to do about the holder at ``path`` (live edges) of ``tensor``, first that applies:
+
+    * the graph is kept by an exception's traceback: clear it;
+    * it sits in a library's state (the standard library's, torch's, an installed package's): pass
+      a detached value where it enters that state;
+    * ``enforce(stores=...)`` when the store is an argument of the running function, and guarding
+      the nearest list, dict or deque the program owns and can name, that holds it as an item —
+      each only when guarding would release it (the item, detached as a guard detaches what is
+      stored, no longer reaches the tensor);
+    * else detaching it before it is stored there.
+    """
+    owners = path_owners(path)
+    if any(edge.kind == "ref" and edge.key in ("__traceback__", "tb_frame") for edge in path):
+        return (
+            "an exception's traceback keeps the frame's locals: keep the exception without it "
+            "(e.with_traceback(None)) or str(e), or call traceback.clear_frames(e.__traceback__)"
+        )
+    start = 0  # the program's own state starts here: after the last library object on the path
+    for j, owner in enumerate(owners):
+        if not owner.program:
+            start = j + 1
+    if start >= len(path):
+        lib = owners[-1]
+        return (
+            f"pass a detached value (t.detach() or t.item()) to {lib.what}: it is {lib.label}'s state, "
+            "which gradguard cannot guard"
+        )
+    first = path[start]
+    prefix = _prefix(path, start, owners)
+    argument = start == 0 and first.kind == "local" and len(path) > 1 and _is_argument(first.owner, first.key)
+    if argument and path[1].kind == "item" and _releases(path, 1, tensor):
         frame = first.owner
         module = frame.f_globals.get("__name__")
         qualname = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
         if isinstance(module, str) and "<" not in qualname:
             return f'gradguard.enforce(stores={{"{module}:{qualname}": "{first.key}"}})'
-    for j in range(len(reached) - 1, -1, -1):
+    reached = [e.owner for e in path[1:]]  # reached[j]: what edge j leads to (the last one: the tensor)
+    for j in range(len(reached) - 1, start - 1, -1):
         store = _STORES.get(type(reached[j]))
-        named = all(e.kind in _NAMING or (e.kind == "item" and isinstance(e.key, str)) for e in path[: j + 1])
-        if store is not None and named and path[j + 1].kind == "item":
-            return f"{_name(path[: j + 1])} = gradguard.guard({store}) ({_where(first)})"
-    return f"detach before storing into {_name(path)} ({_where(first)})"
+        named = all(e.kind in _NAMING or (e.kind == "item" and isinstance(e.key, str)) for e in path[start : j + 1])
+        if store is not None and named and path[j + 1].kind == "item" and _releases(path, j + 1, tensor):
+            return f"{prefix}{_name(path[start : j + 1])} = gradguard.guard({store}) ({_where(path, start)})"
+    for j in range(len(path) - 1, start - 1, -1):
+        kind = path[j].kind
+        if kind in ("key", "member"):
+            where = "the keys of" if kind == "key" else "the set"
+            return (
+                f"put a detached value (t.detach() or t.item()) in {where} {prefix}{_name(path[start:j]) or 'it'}: "
+                "a tensor kept as a dict key or a set member keeps its graph"
+            )
+    library = next((o for o in owners[start:] if not o.program), None)
+    if library is not None:
+        return (
+            f"pass a detached value (t.detach() or t.item()) to {library.what}: it is {library.label}'s state, "
+            "which gradguard cannot guard"
+        )
+    return f"detach before storing into {prefix}{_name(path[start:])} ({_where(path, start)})"
+
+
+def _prefix(path: Path, start: int, owners: list[Owner]) -> str:
+    """How the fix names a path that starts inside a library's state: from the program's object there."""
+    if start == 0:
+        return ""
+    return "self" if path[start].kind in ("attr", "slot") else f"<{owners[start].what}>"
+
+
+def _releases(path: Path, j: int, tensor: torch.Tensor) -> bool:
+    """Whether guarding the container of edge ``j`` would release ``tensor``: the value stored there,
+    detached as a guarded store detaches what it stores, no longer reaches it."""
+    try:
+        value = read(path[j])
+    except (LookupError, AttributeError, IndexError, TypeError, ValueError):
+        return False
+    try:
+        detached = detach_tree(value)
+    except GradGuardError:  # a record that cannot be rebuilt: a guard would refuse it
+        return False
+    return not reaches(detached, tensor)
 
 
 def _is_argument(frame: types.FrameType, name: str) -> bool:
@@ -363,13 +498,19 @@ def _is_argument(frame: types.FrameType, name: str) -> bool:
 
 
 def _name(path: Path) -> str:
-    """``path`` spelled from the root's own name on: ``HISTORY``, ``Trainer.cache``, ``trainer.metrics``."""
-    return str(path[0].key) + spell_steps(path[1:])
+    """``path`` spelled from its first edge's own name on: ``HISTORY``, ``Trainer.cache``, ``trainer.metrics``."""
+    first = path[0]
+    head = str(first.key) if first.kind in _NAMING else ""
+    return head + spell_steps(path[1:]) if head else spell_steps(path).lstrip(".")
 
 
-def _where(edge: Edge) -> str:
+def _where(path: Path, start: int) -> str:
+    edge = path[start]
+    if start:
+        owner = edge.owner
+        return f"in a {type(owner).__qualname__}"
     if edge.kind == "local":
         return f"in {frame_where(edge.owner)}"
     if edge.kind == "cell":
         return f"closure of {edge.owner.__module__}:{edge.owner.__qualname__}"
-    return f"in {edge.owner.__name__}"
+    return f"in {module_dict(edge.owner).get('__name__')}"

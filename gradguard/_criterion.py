@@ -1,10 +1,29 @@
-"""The watch's leak criterion: a graph is a leak when one of its autograd nodes was already alive at
-the previous audited boundary of the same source (an optimizer, in one thread); a graph held only by
-a frame's variable gets one boundary of grace (see :mod:`gradguard._watch`).
+"""The watch's leak criterion: which of the graphs alive at a step boundary are leaks.
 
-torch's autograd nodes take no weak reference and their Python objects come and go, so a node is
-recognised by its ``metadata`` dict, which lives exactly as long as the node: holding the dict
-cannot be confused with another node, and keeps no tensor alive.
+Age
+    A graph is old at a boundary of a *source* (one optimizer, in one thread) when one of its autograd
+    nodes was already alive at that source's previous audited boundary. torch's autograd nodes take
+    no weak reference and their Python objects come and go, so a node is recognised by its
+    ``metadata`` dict, which lives exactly as long as the node: holding the dict cannot be confused
+    with another node, and keeps no tensor alive.
+
+Grace
+    A graph held only by a *variable* — a frame's local, or a module-level variable of the program
+    being run (``__main__``: a script, ``python -c``, ``-m``, a notebook), directly or through items
+    (``loss``, ``out[0]``, ``HISTORY[3]['loss']``) — is a leak only once it has survived two
+    boundaries: ``loss = train_step(batch)`` keeps the previous step's loss while the next step runs.
+    Object state (an attribute on the way) gets none.
+
+Whose boundaries
+    A graph is judged only at boundaries of optimizers that update a parameter it reaches: a WGAN
+    critic's steps, or an inner loop's auxiliary optimizer, do not age the generator's or the
+    encoder's forward (nor the outer loop's previous ``loss``, still a variable while the inner
+    steps run). A graph that reaches no parameter of any live optimizer is judged at every boundary,
+    and so is every graph at a boundary of no optimizer (a direct :meth:`Watcher.boundary` call).
+
+Threads
+    A graph that only another thread's frames hold is judged by that thread's boundaries (it may be
+    mid-forward).
 """
 
 from __future__ import annotations
@@ -13,14 +32,19 @@ import collections
 import sys
 import threading
 import types
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+import torch
 
 from ._audit import Finding
+from ._liveness import Liveness
 from ._paths import Path
 
-__all__ = ["Leak", "Source", "judge"]
+__all__ = ["Leak", "Source", "judge", "variable"]
 
 _NO_SEQUENCE = 2**64 - 1  # AccumulateGrad and a few others: never recorded, never looked up
+_GRACE = 1  # boundaries a variable may keep a graph: `loss = train_step(batch)`'s previous result
 
 
 class _Mark:
@@ -50,6 +74,35 @@ def _metadata(node: Any) -> dict[Any, Any] | None:
     except (AttributeError, RuntimeError):
         return None
     return metadata if type(metadata) is dict else None
+
+
+class Source:
+    """The boundaries of one optimizer (or of direct :meth:`Watcher.boundary` calls) in one thread:
+    their count, and the nodes recorded at the last audited one."""
+
+    __slots__ = ("boundaries", "marks")
+
+    def __init__(self) -> None:
+        self.boundaries = 0
+        self.marks: _Marks = {}
+
+    def age(self, tensors: Iterable[torch.Tensor]) -> dict[int, int]:
+        """For each tensor (by id) whose graph was alive at this source's last audited boundary, the
+        boundary at which that graph was first seen; and record every graph seen now."""
+        born_at: dict[int, int] = {}
+        marks: _Marks = {}
+        clean: set[Any] = set()
+        now = self.boundaries
+        for tensor in tensors:
+            node = tensor.grad_fn
+            if node is None:
+                continue
+            born = _born(node, self.marks, clean)
+            _record(marks, node, now if born is None else born)
+            if born is not None:
+                born_at[id(tensor)] = born
+        self.marks = marks
+        return born_at
 
 
 def _born(root: Any, marks: _Marks, clean: set[Any]) -> int | None:
@@ -107,51 +160,59 @@ def _other_threads_frames() -> set[int]:
     return ids
 
 
-_LOCAL_GRACE = 1  # boundaries a frame's variable may keep a graph: `loss = train_step(batch)`'s previous result
+def variable(path: Path) -> bool:
+    """A variable of a frame or of the program's ``__main__``, or a container in one (``loss``,
+    ``out[0]``, ``HISTORY[3]['loss']``): not an object's state (no attribute on the way)."""
+    if not path or not all(edge.kind == "item" for edge in path[1:]):
+        return False
+    root = path[0]
+    return root.kind == "local" or (root.kind == "global" and root.owner is sys.modules.get("__main__"))
 
 
-def _variable(path: Path) -> bool:
-    """A frame's variable, or a container in one (``loss``, ``out[0]``, ``outputs['logits']``): not
-    an object's state (no attribute on the way)."""
-    return bool(path) and path[0].kind == "local" and all(edge.kind == "item" for edge in path[1:])
+class Leak(NamedTuple):
+    """A leaking holder: the finding, the indices of its leaking tensors, the boundaries the oldest
+    survived, and for each leaking tensor whether its graph can still be backwarded."""
+
+    finding: Finding
+    leaking: list[int]
+    survived: int
+    alive: list[bool]
 
 
-Leak = tuple[Finding, list[int], int]  # the finding, the indices of its leaking tensors, boundaries survived
-
-
-def judge(findings: list[Finding], state: Source) -> list[Leak]:
-    """The leaking holders among ``findings``; records the judged graphs' roots in ``state``."""
+def judge(
+    findings: list[Finding],
+    born_at: dict[int, int],
+    now: int,
+    liveness: Liveness,
+    params: Callable[[], tuple[frozenset[int], frozenset[int]]] | None,
+) -> list[Leak]:
+    """The leaking holders among ``findings`` at boundary ``now`` of a source whose graphs were first
+    seen at ``born_at`` (by tensor id). ``params`` gives the ids of the parameters the source's
+    optimizer updates and of those every live optimizer updates (``None``: a boundary of no
+    optimizer, which judges every graph)."""
     others = _other_threads_frames()
-    now = state.boundaries
-    marks: _Marks = {}
-    clean: set[Any] = set()
+    updated: tuple[frozenset[int], frozenset[int]] | None = None
     leaks: list[Leak] = []
     for finding in findings:
         leaking: list[int] = []
+        alive: list[bool] = []
         oldest = now
         for i, (tensor, path) in enumerate(zip(finding.tensors, finding.paths)):
-            if path and path[0].kind == "local" and id(path[0].owner) in others:
-                continue  # another thread's frame: that thread's boundaries judge it
-            node = tensor.grad_fn
-            if node is None:
+            born = born_at.get(id(tensor))
+            if born is None or (path and path[0].kind == "local" and id(path[0].owner) in others):
+                continue  # a new graph; or another thread's frame: that thread's boundaries judge it
+            if now - born <= (_GRACE if variable(path) else 0):
                 continue
-            born = _born(node, state.marks, clean)
-            _record(marks, node, now if born is None else born)
-            if born is not None and now - born > (_LOCAL_GRACE if _variable(path) else 0):
-                leaking.append(i)
-                oldest = min(oldest, born)
+            state = liveness.state(tensor.grad_fn)
+            if params is not None:
+                if updated is None:
+                    updated = params()
+                own, known = updated
+                if own.isdisjoint(state.leaves) and not known.isdisjoint(state.leaves):
+                    continue  # this optimizer does not train through it; another one does
+            leaking.append(i)
+            alive.append(state.alive)
+            oldest = min(oldest, born)
         if leaking:
-            leaks.append((finding, leaking, now - oldest))
-    state.marks = marks
+            leaks.append(Leak(finding, leaking, now - oldest, alive))
     return leaks
-
-
-class Source:
-    """The boundaries of one optimizer (or of direct :meth:`Watcher.boundary` calls) in one thread:
-    their count, and the nodes recorded at the last audited one."""
-
-    __slots__ = ("boundaries", "marks")
-
-    def __init__(self) -> None:
-        self.boundaries = 0
-        self.marks: _Marks = {}

@@ -86,9 +86,10 @@ def pinned_bytes(obj: Any) -> int:
 
 def graph_memory(roots: Iterable[Any], counted: set[Hashable], held: set[int] | None = None) -> tuple[int, int]:
     """What the graphs from the autograd nodes ``roots`` keep alive, by :func:`pinned_bytes`' rules:
-    ``(bytes, nodes)``, the bytes of the memory ``counted`` does not hold yet (their keys are added
-    to it, so several calls sharing ``counted`` count each storage once) and how many distinct nodes
-    the graphs have. ``held``, when given, collects the ids of the tensors the graphs hold."""
+    ``(bytes, nodes)``, the bytes of the memory and the number of graph nodes (leaves'
+    ``AccumulateGrad`` nodes excluded: they live as long as their leaf) that ``counted`` does not
+    hold yet (their keys are added to it, so several calls sharing ``counted`` count each storage and
+    each node once). ``held``, when given, collects the ids of the tensors the graphs hold."""
     total = nodes = 0
 
     def add(t: Any) -> None:
@@ -105,13 +106,15 @@ def graph_memory(roots: Iterable[Any], counted: set[Hashable], held: set[int] | 
                 total += nbytes
 
     for node in _nodes(roots):
-        nodes += 1
         leaf = getattr(node, "variable", None)  # only AccumulateGrad has one
         if leaf is not None:
             if not _is_parameter(leaf):
                 add(leaf)
                 add(leaf.grad)
             continue
+        if node not in counted:
+            counted.add(node)
+            nodes += 1
         for data in _saved_data(node):
             add(data)
     return total, nodes

@@ -41,12 +41,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._paths import MODULE_STATE, Edge, Path, frame_locals, is_a
+from ._frames import frame_locals
+from ._paths import MODULE_STATE, Edge, Path, class_dict, instance_dict, is_a, module_dict, read_ref, sequence_items
 
 __all__ = ["find_paths", "live_graph_tensors", "own_code", "running_thread"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_MAX_LEVELS = 64  # deeper holders than this are left without a path
+_REVERSE_LEVELS = 24  # past this many levels up, one forward sweep from the roots finds the rest (see _Search.run)
 _SWEEP_FROM = 256  # frontiers this large are looked up with a sweep (see _Search.referrers)
 _SWEEP_CHUNK = 1024
 _FRAMES_TRAVERSE_LOCALS = sys.version_info < (3, 11)  # before 3.11 a running frame is a referrer of its locals
@@ -59,24 +60,32 @@ _GENERATORS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorTyp
 # --------------------------------------------------------------------------------------------------
 
 
-def live_graph_tensors(exclude_ids: set[int]) -> list[torch.Tensor]:
+def live_graph_tensors(exclude_ids: set[int], optimizers: list[Any] | None = None) -> list[torch.Tensor]:
     """Every live tensor (subclasses included) that carries ``grad_fn``, in one ``gc.get_objects()`` pass.
 
-    Never an ``nn.Parameter`` (a leaf holds no graph), never one whose id is in ``exclude_ids``. A
-    tensor whose ``grad_fn`` cannot be read (a fake or functorch-wrapped tensor outside its mode)
-    is skipped. Objects are told apart by their exact type (against every tensor subclass defined
-    now), never through ``__class__``, so a proxy that claims to be a tensor is not one.
+    Never an ``nn.Parameter`` (a leaf holds no graph) or a view of one (a tied decoder weight,
+    ``emb.weight.t()``: the parameter itself, seen through a view), never a tensor torch traces with
+    (FakeTensor, FunctionalTensor: torch.compile keeps them in its own metadata), never one whose id
+    is in ``exclude_ids``. A tensor whose ``grad_fn`` cannot be read (a functorch-wrapped tensor
+    outside its transform) is skipped. Objects are told apart by their exact type (against every
+    tensor subclass defined now), never through ``__class__``, so a proxy that claims to be a tensor
+    is not one. ``optimizers``, when given, receives every live ``torch.optim.Optimizer``, found in
+    the same pass.
     """
     kinds = _tensor_types()
     objects = gc.get_objects()
-    tensors = list(itertools.compress(objects, map(kinds.__contains__, map(type, objects))))
-    del objects  # it refers to every object: no search may run while it lives
+    types_ = list(map(type, objects))
+    tensors = list(itertools.compress(objects, map(kinds.__contains__, types_)))
+    if optimizers is not None:
+        optimizer_kinds = _subclasses(torch.optim.Optimizer)
+        optimizers.extend(itertools.compress(objects, map(optimizer_kinds.__contains__, types_)))
+    del objects, types_  # it refers to every object: no search may run while it lives
     found = []
     for t in tensors:
         if id(t) in exclude_ids:
             continue
         try:
-            if t.grad_fn is None:
+            if t.grad_fn is None or is_a(t._base, nn.Parameter):
                 continue
         except Exception:  # noqa: BLE001 - a subclass whose grad_fn raises outside its mode holds nothing we can name
             continue
@@ -84,17 +93,30 @@ def live_graph_tensors(exclude_ids: set[int]) -> list[torch.Tensor]:
     return found
 
 
-def _tensor_types() -> frozenset[type]:
-    """``torch.Tensor`` and every subclass of it defined now, parameters' excluded."""
-    found: set[type] = {torch.Tensor}
-    stack: list[type] = [torch.Tensor]
+def _subclasses(base: type) -> frozenset[type]:
+    """``base`` and every subclass of it defined now."""
+    found: set[type] = {base}
+    stack: list[type] = [base]
     while stack:
         subclasses: list[type] = type.__subclasses__(stack.pop())
         for sub in subclasses:
             if sub not in found:
                 found.add(sub)
                 stack.append(sub)
-    return frozenset(c for c in found if not issubclass(c, nn.Parameter))
+    return frozenset(found)
+
+
+def _tensor_types() -> frozenset[type]:
+    """``torch.Tensor`` and every subclass of it defined now; not parameters, nor the tensors torch
+    itself traces with."""
+    found = _subclasses(torch.Tensor)
+    return frozenset(c for c in found if not issubclass(c, nn.Parameter) and not _traced_with(c))
+
+
+def _traced_with(cls: type) -> bool:
+    """A tensor subclass torch makes for tracing (``torch._subclasses``: FakeTensor, FunctionalTensor)."""
+    module = cls.__dict__.get("__module__")
+    return isinstance(module, str) and module.startswith("torch._subclasses.")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -155,10 +177,23 @@ class _Search:
         self.below: dict[int, int] = {}  # id -> bitmask of the targets it leads to
         self.roots: dict[int, str] = {}  # id -> "global" (a module's globals) or "local" (a thread's frame local)
         self.locals: dict[int, list[tuple[int, str]]] = {}  # id(value) -> [(frame index, name)]
+        self.local_values: dict[int, Any] = {}
         self.frames: list[types.FrameType] = []
         self.modules: dict[int, types.ModuleType] = {}  # id(module.__dict__) -> module
         self.held = 0  # targets a module global (not only a thread's frame local) reaches
-        for name in ("objects", "children", "parents", "below", "roots", "locals", "frames", "modules"):
+        self.deep: dict[int, list[Any]] = {}  # target index -> chain, from the downward sweep
+        for name in (
+            "objects",
+            "children",
+            "parents",
+            "below",
+            "roots",
+            "locals",
+            "frames",
+            "modules",
+            "deep",
+            "local_values",
+        ):
             self.mine.add(id(getattr(self, name)))
         self.targets = list(targets)
         self.own(self.targets)
@@ -170,7 +205,8 @@ class _Search:
             if isinstance(container, (list, dict, set)) and id(container) in self.mine:
                 container.clear()
         self.keep.clear()
-        for table in (self.objects, self.locals, self.frames, self.modules, self.targets, self.roots):
+        tables = (self.objects, self.locals, self.local_values, self.frames, self.modules, self.targets, self.roots)
+        for table in (*tables, self.deep):
             table.clear()
 
     def own(self, container: Any) -> Any:
@@ -180,10 +216,10 @@ class _Search:
 
     def setup(self) -> None:
         for module in list(sys.modules.values()):
-            if not isinstance(module, types.ModuleType):
+            if not is_a(module, types.ModuleType):
                 continue
-            namespace = module.__dict__
-            module_name = getattr(module, "__name__", "")
+            namespace = module_dict(module)
+            module_name = namespace.get("__name__", "")
             if isinstance(module_name, str) and (module_name == "gradguard" or module_name.startswith("gradguard.")):
                 self.excluded.add(id(namespace))
             else:
@@ -194,9 +230,10 @@ class _Search:
             self.frames.append(frame)
             if _FRAMES_TRAVERSE_LOCALS:
                 self.excluded.add(id(frame))  # found through self.locals instead
-            for name, value in frame_locals(frame):
+            for name, value in frame_locals(frame) or ():
                 if gc.is_tracked(value):
                     self.keep.append(value)
+                    self.local_values[id(value)] = value
                     self.locals.setdefault(id(value), []).append((index, name))
         if _FRAMES_TRAVERSE_LOCALS:  # gradguard's own frames are referrers of the search's state
             own: types.FrameType | None
@@ -248,33 +285,89 @@ class _Search:
             self.meet(t, 1 << i)
             everything |= 1 << i
         frontier = self.own([t for t in self.targets])
-        for _ in range(_MAX_LEVELS):
+        for _ in range(_REVERSE_LEVELS):
             if not frontier or self.held == everything:
                 return
-            frontier_ids = {id(o) for o in frontier}
-            self.own(frontier_ids)
-            found = self.own(self.referrers(frontier, frontier_ids))
-            new = self.own([])
-            for r in found:
-                rid = id(r)
-                if rid in self.mine or rid in self.excluded:
+            frontier = self.climb(frontier)
+        if frontier and self.held != everything:
+            self.deep = self.sweep(everything & ~self.held)
+
+    def climb(self, frontier: list[Any]) -> list[Any]:
+        """One level up: link every referrer of ``frontier``; the new objects worth climbing from."""
+        frontier_ids = {id(o) for o in frontier}
+        self.own(frontier_ids)
+        found = self.own(self.referrers(frontier, frontier_ids))
+        new = self.own([])
+        for r in found:
+            rid = id(r)
+            if rid in self.mine or rid in self.excluded:
+                continue
+            if _FRAMES_TRAVERSE_LOCALS and is_a(r, types.FrameType) and own_code(r.f_code):
+                continue  # before 3.11: a frame of this search, made after setup()
+            cls = id(type(r))  # an instance's own class: not climbed (see the module docstring)
+            kids = [id(c) for c in gc.get_referents(r) if id(c) in frontier_ids and id(c) != cls]
+            if not kids:
+                continue
+            if rid not in self.objects:
+                self.keep.append(r)
+                self.meet(r, 0)
+                new.append(r)
+            for kid in kids:
+                self.link(rid, kid)
+                self.spread(rid, self.below[kid])
+        return self.own([r for r in new if self.roots.get(id(r)) != "global" and self.below[id(r)] & ~self.held])
+
+    def sweep(self, wanted: int) -> dict[int, list[Any]]:
+        """Chains, root first, to the targets in the bitmask ``wanted``, from one breadth-first walk
+        down from the roots (module globals first, then thread locals).
+
+        Climbing costs a heap pass per level: a holder hundreds of references deep (a linked list)
+        would cost hundreds. Walking down from the roots costs one pass over what they reach, whatever
+        the depth.
+        """
+        targets = {id(t): i for i, t in enumerate(self.targets) if wanted >> i & 1}
+        parent: dict[int, int | None] = {}
+        objects: dict[int, Any] = self.own({})
+        queue: collections.deque[Any] = self.own(collections.deque())
+        for oid, kind in self.roots.items():
+            if kind == "global":
+                parent[oid] = None
+                objects[oid] = self.objects[oid]
+                queue.append(self.objects[oid])
+        for namespace in self.modules:
+            if namespace not in parent and namespace not in self.excluded:
+                globals_ = module_dict(self.modules[namespace])
+                parent[namespace], objects[namespace] = None, globals_
+                queue.append(globals_)
+        for oid, value in self.local_values.items():
+            if oid not in parent:
+                parent[oid], objects[oid] = None, value
+                queue.append(value)
+        found: dict[int, list[Any]] = {}
+        while queue and len(found) < len(targets):
+            obj = queue.popleft()
+            cls = type(obj)
+            for child in gc.get_referents(obj):
+                cid = id(child)
+                if cid in parent or cid in self.mine or cid in self.excluded or child is cls:
                     continue
-                if _FRAMES_TRAVERSE_LOCALS and is_a(r, types.FrameType) and own_code(r.f_code):
-                    continue  # before 3.11: a frame of this search, made after setup()
-                cls = id(type(r))  # an instance's own class: not climbed (see the module docstring)
-                kids = [id(c) for c in gc.get_referents(r) if id(c) in frontier_ids and id(c) != cls]
-                if not kids:
+                if cid in targets:
+                    found[cid] = []
+                elif not gc.is_tracked(child):
                     continue
-                if rid not in self.objects:
-                    self.keep.append(r)
-                    self.meet(r, 0)
-                    new.append(r)
-                for kid in kids:
-                    self.link(rid, kid)
-                    self.spread(rid, self.below[kid])
-            frontier = self.own(
-                [r for r in new if self.roots.get(id(r)) != "global" and self.below[id(r)] & ~self.held]
-            )
+                parent[cid], objects[cid] = id(obj), child
+                queue.append(child)
+        chains: dict[int, list[Any]] = {}
+        for cid in found:
+            chain: list[Any] = []
+            node: int | None = cid
+            while node is not None:
+                chain.append(objects[node])
+                node = parent[node]
+            chains[targets[cid]] = chain[::-1]
+        objects.clear()
+        queue.clear()
+        return chains
 
     def referrers(self, frontier: list[Any], frontier_ids: set[int]) -> list[Any]:
         """The objects that refer to any of ``frontier``: one pass over the heap for all of them.
@@ -310,8 +403,11 @@ class _Search:
                 queue.append(oid)
                 self._walk(queue, via)
         result: list[list[Any] | None] = []
-        for t in self.targets:
+        for i, t in enumerate(self.targets):
             node: int | None = id(t)
+            if i in self.deep and (node not in via or self.roots.get(self._top(node, via)) != "global"):
+                result.append(self.deep[i])
+                continue
             if node not in via:
                 result.append(None)
                 continue
@@ -319,8 +415,39 @@ class _Search:
             while node is not None:
                 chain.append(self.objects[node])
                 node = via[node]
-            result.append(chain[::-1])
+            result.append(self._rehome(chain[::-1], via))
         return result
+
+    def _top(self, node: int, via: dict[int, int | None]) -> int:
+        up = via[node]
+        while up is not None:
+            node, up = up, via[up]
+        return node
+
+    def _rehome(self, chain: list[Any], via: dict[int, int | None]) -> list[Any]:
+        """A chain whose root names its second object directly (``rec = {...}``, a variable) is
+        named through a list, deque or dict that also holds that object (``HISTORY.append(rec)``):
+        the container that accumulates, not the alias of the latest record."""
+        if len(chain) < 3:
+            return chain
+        named = id(chain[1])
+        for parent in self.parents.get(named, ()):
+            owner = self.objects[parent]
+            if parent == id(chain[0]) or not is_a(owner, (list, dict, collections.deque)):
+                continue
+            if parent in via:
+                path: list[Any] = []
+                node: int | None = parent
+                while node is not None:
+                    path.append(self.objects[node])
+                    node = via[node]
+                if all(id(o) != named for o in path):
+                    return [*path[::-1], *chain[1:]]
+            for holder in gc.get_referrers(owner):  # a container the climb stopped short of: one level more
+                if id(holder) in self.modules and id(holder) not in self.excluded:
+                    self.keep.append(owner)
+                    return [holder, owner, *chain[1:]]
+        return chain
 
     def _walk(self, queue: collections.deque[int], via: dict[int, int | None]) -> None:
         while queue:
@@ -382,7 +509,7 @@ def _describe(chain: list[Any], search: _Search) -> Path | None:
             return None
         edges.append(Edge(owner, "cell", free))
         i += 3
-    elif search.roots[id(owner)] == "local":
+    elif id(owner) not in search.modules:  # a thread's frame local
         index, name = search.locals[id(owner)][0]
         edges.append(Edge(search.frames[index], "local", name))
     else:
@@ -425,7 +552,7 @@ def _generator_frame(gen: Any) -> types.FrameType | None:
 def _frame_edge(frame: types.FrameType, chain: list[Any], i: int, edges: list[Edge]) -> int:
     """``chain[i]`` holds (a frame of) ``chain[i + 1]`` as a local; a cell variable's cell is skipped."""
     child = chain[i + 1]
-    values = frame_locals(frame)
+    values = frame_locals(frame) or []
     for name, value in values:
         if value is child:
             edges.append(Edge(frame, "local", name))
@@ -487,12 +614,12 @@ def _step(chain: list[Any], i: int, edges: list[Edge]) -> int:
             if v is child:
                 edges.append(Edge(owner, "item", k))
                 return 1
-        for position, k in enumerate(owner):
+        for position, k in enumerate(dict.keys(owner)):
             if k is child:
                 edges.append(Edge(owner, "key", position))
                 return 1
     elif is_a(owner, (list, tuple, collections.deque)):
-        for index, v in enumerate(owner):
+        for index, v in sequence_items(owner):
             if v is child:
                 edges.append(Edge(owner, "item", index))
                 return 1
@@ -503,17 +630,21 @@ def _step(chain: list[Any], i: int, edges: list[Edge]) -> int:
         refs = _REFS.get(cls)
         if refs is not None:
             for name in refs:
-                if getattr(owner, name, None) is child:
+                try:
+                    held = read_ref(owner, cls, name)
+                except (AttributeError, LookupError, TypeError, ValueError):
+                    continue
+                if held is child:
                     edges.append(Edge(owner, "ref", name))
                     return 1
             break
     if is_a(owner, type):  # a class -> its __dict__ -> the value: a class attribute
         key = _dict_key(child, chain[i + 2]) if type(child) is dict and i + 2 < len(chain) else _MISSING
-        if key is not _MISSING and vars(owner).get(key) is chain[i + 2]:
+        if key is not _MISSING and class_dict(owner).get(key) is chain[i + 2]:
             edges.append(Edge(owner, "class", key))
             return 2
         return _ref(owner, child, edges)
-    namespace = _instance_dict(owner)
+    namespace = instance_dict(owner)
     if namespace is not None:
         if namespace is child and i + 2 < len(chain):  # owner -> its __dict__ -> value: one attribute
             key = _dict_key(namespace, chain[i + 2])
@@ -531,22 +662,12 @@ def _step(chain: list[Any], i: int, edges: list[Edge]) -> int:
     return _ref(owner, child, edges)
 
 
-def _instance_dict(obj: Any) -> dict[str, Any] | None:
-    """``obj.__dict__`` read without its class's ``__getattribute__``; ``None`` when it has none."""
-    if is_a(obj, (type, types.ModuleType)):
-        return None
-    try:
-        namespace = object.__getattribute__(obj, "__dict__")
-    except (AttributeError, TypeError):
-        return None
-    return namespace if type(namespace) is dict else None
-
-
 def _slot_name(obj: Any, child: Any) -> str | None:
     for cls in type(obj).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            descriptor = cls.__dict__.get(name)
+        namespace = class_dict(cls)
+        slots = namespace.get("__slots__", ())
+        for name in (slots,) if type(slots) is str else slots if type(slots) in (tuple, list) else ():
+            descriptor = namespace.get(name)
             if type(descriptor) is not types.MemberDescriptorType:
                 continue
             try:

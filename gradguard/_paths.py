@@ -7,38 +7,46 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
 import os
-import sys
+import re
 import types
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 from ._errors import GradGuardError
+from ._frames import frame_locals
 
 __all__ = [
     "ROOT_KINDS",
     "Edge",
     "Path",
-    "frame_locals",
     "frame_where",
+    "class_dict",
     "holder_key",
+    "instance_dict",
     "is_a",
+    "module_dict",
+    "reaches",
     "read",
+    "read_ref",
+    "sequence_items",
     "spell",
     "spell_steps",
     "writable",
     "write",
 ]
 
+_TENSOR = torch.Tensor
+_DIGITS = re.compile(r"\d+")
 ROOT_KINDS = frozenset({"global", "local", "cell"})
 MODULE_STATE = ("_modules", "_parameters", "_buffers")
-_CO_OPTIMIZED = 0x0001  # inspect.CO_OPTIMIZED: a function frame, whose f_locals is a snapshot (< 3.13)
-_SNAPSHOT_LOCALS = sys.version_info < (3, 13)  # 3.13 (PEP 667): f_locals is a proxy that holds nothing
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True, eq=False, slots=True)
 class Edge:
     """One step of a path: ``owner`` holds the next object, as ``kind`` with ``key`` says.
 
@@ -83,24 +91,56 @@ def is_a(obj: Any, kinds: type | tuple[type, ...]) -> bool:
     return issubclass(type(obj), kinds)
 
 
-def frame_locals(frame: types.FrameType) -> list[tuple[str, Any]]:
-    """``(name, value)`` of ``frame``'s locals (cell variables dereferenced), leaving nothing behind.
+_MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
+_CLASS_DICT = type.__dict__["__dict__"].__get__
 
-    Before Python 3.13 reading ``f_locals`` of a function frame fills a snapshot dict that the frame
-    keeps until it exits and that would pin what it holds (say, the previous step's loss): it is
-    emptied again here. Not while a Python trace function (``sys.settrace``: a debugger) traces the
-    frame: it refreshes the snapshot at its next event, and writes the snapshot back into the frame
-    after each one, so an emptied snapshot would delete the frame's locals when the audit runs from
-    a debugger prompt. A
-    module or class body's ``f_locals`` is its real namespace: left alone. (A ``locals()`` dict the
-    frame's own code keeps is that same snapshot: it is emptied too.)
-    """
-    namespace = frame.f_locals
-    items = list(namespace.items())
-    traced = is_a(frame.f_trace, (types.FunctionType, types.MethodType))  # sys.settrace: pdb, not coverage's C tracer
-    if _SNAPSHOT_LOCALS and frame.f_code.co_flags & _CO_OPTIMIZED and type(namespace) is dict and not traced:
-        namespace.clear()
-    return items
+
+def module_dict(module: types.ModuleType) -> dict[str, Any]:
+    """A module's namespace, read through the module type's own slot (a module subclass's
+    ``__getattribute__`` never runs)."""
+    return _MODULE_DICT(module)  # type: ignore[no-any-return]
+
+
+def class_dict(cls: type) -> Any:
+    """A class's own namespace (a mapping proxy), read without its metaclass's attribute lookup."""
+    return _CLASS_DICT(cls)
+
+
+def instance_dict(obj: Any) -> dict[str, Any] | None:
+    """``obj.__dict__`` read through the slot CPython gives a class with instance dicts, never a
+    ``__dict__`` property or ``__getattribute__`` of the class; ``None`` when it has none."""
+    if is_a(obj, (type, types.ModuleType)):
+        return None
+    for cls in type(obj).__mro__:
+        descriptor = class_dict(cls).get("__dict__")
+        if descriptor is None:
+            continue
+        if type(descriptor) is not types.GetSetDescriptorType:
+            return None  # the class defines its own __dict__: reading it would run the class's code
+        try:
+            namespace = descriptor.__get__(obj, type(obj))
+        except (AttributeError, TypeError):
+            return None
+        return namespace if type(namespace) is dict else None
+    return None
+
+
+def read_ref(owner: Any, base: type, name: str) -> Any:
+    """The C-level field ``name`` of ``owner``, read through ``base``'s own descriptor (a builtin type
+    such as ``functools.partial`` or ``BaseException``), never through a subclass's override."""
+    descriptor = class_dict(base).get(name)
+    if descriptor is None or not hasattr(type(descriptor), "__get__"):
+        raise LookupError(f"{base.__qualname__} has no field {name!r}")
+    return descriptor.__get__(owner, type(owner))
+
+
+def sequence_items(owner: Any) -> Any:
+    """``enumerate`` over a list, tuple or deque (or a subclass of one) at C level: a subclass's own
+    ``__iter__`` never runs."""
+    for base in (list, tuple, collections.deque):
+        if is_a(owner, base):
+            return enumerate(base.__iter__(owner))
+    raise TypeError(f"not a sequence: {type(owner).__qualname__}")
 
 
 def frame_where(frame: types.FrameType, *, line: bool = True) -> str:
@@ -124,40 +164,44 @@ def frame_where(frame: types.FrameType, *, line: bool = True) -> str:
 
 
 def read(edge: Edge) -> Any:
-    """The object ``edge`` leads to, read without calling user code (``KeyError``/``LookupError`` if gone)."""
+    """The object ``edge`` leads to, read without calling user code (``LookupError`` if gone)."""
     owner, kind, key = edge.owner, edge.kind, edge.key
-    if kind in ("global", "class"):
-        return vars(owner)[key]
+    if kind == "global":
+        return module_dict(owner)[key]
+    if kind == "class":
+        return class_dict(owner)[key]
     if kind == "attr":
+        namespace = instance_dict(owner)
+        if namespace is None:
+            raise LookupError(f"{type(owner).__qualname__} has no readable __dict__")
         if is_a(owner, nn.Module):
             for state in MODULE_STATE:
-                table = owner.__dict__.get(state)
-                if table is not None and key in table:
+                table = namespace.get(state)
+                if type(table) is dict and key in table:
                     return table[key]
-        return object.__getattribute__(owner, "__dict__")[key]
+        return namespace[key]
     if kind == "slot":
         for cls in type(owner).__mro__:
-            descriptor = cls.__dict__.get(key)
+            descriptor = class_dict(cls).get(key)
             if type(descriptor) is types.MemberDescriptorType:
                 return descriptor.__get__(owner, type(owner))
         raise LookupError(f"{type(owner).__qualname__} has no slot {key!r}")
     if kind == "item":
         if is_a(owner, dict):
             return dict.__getitem__(owner, key)
-        if is_a(owner, list):
-            return list.__getitem__(owner, key)
-        if is_a(owner, tuple):
-            return tuple.__getitem__(owner, key)
-        return owner[key]
+        for base in (list, tuple, collections.deque):
+            if is_a(owner, base):
+                return base.__getitem__(owner, key)
+        raise LookupError(f"an item of a {type(owner).__qualname__} cannot be read back")
     if kind == "local":
-        for name, value in frame_locals(owner):
+        for name, value in frame_locals(owner) or ():
             if name == key:
                 return value
         raise LookupError(f"the frame has no local {key!r}")
     if kind == "cell":
         return owner.__closure__[owner.__code__.co_freevars.index(key)].cell_contents
     if kind == "key":
-        return list(owner)[key]
+        return list(dict.keys(owner))[key]
     raise LookupError(f"an edge of kind {kind!r} cannot be read back")
 
 
@@ -172,23 +216,29 @@ def writable(edge: Edge) -> bool:
 
 def write(edge: Edge, value: Any) -> None:
     """Replace what ``edge`` leads to with ``value``, in place, without the owner's user-level
-    ``__setitem__``/``__setattr__`` (an ``nn.Module`` attribute goes through ``setattr`` so that a
-    buffer stays a buffer). :class:`GradGuardError` when not :func:`writable`."""
+    ``__setitem__``/``__setattr__`` (an ``nn.Module``'s parameter, buffer or submodule table is written
+    directly, so a buffer stays a buffer). :class:`GradGuardError` when not :func:`writable`."""
     owner, kind, key = edge.owner, edge.kind, edge.key
     if not writable(edge):
         raise GradGuardError(f"gradguard cannot replace a {kind} in place ({spell((edge,))}); detach it at the source")
     if kind == "global":
-        vars(owner)[key] = value
+        module_dict(owner)[key] = value
     elif kind == "class":
         type.__setattr__(owner, key, value)
     elif kind == "attr":
+        namespace = instance_dict(owner)
+        if namespace is None:
+            raise GradGuardError(f"gradguard cannot write the attributes of a {type(owner).__qualname__}")
         if is_a(owner, nn.Module):
-            setattr(owner, key, value)
-        else:
-            object.__getattribute__(owner, "__dict__")[key] = value
+            for state in MODULE_STATE:
+                table = namespace.get(state)
+                if type(table) is dict and key in table:
+                    table[key] = value
+                    return
+        namespace[key] = value
     elif kind == "slot":
         for cls in type(owner).__mro__:
-            descriptor = cls.__dict__.get(key)
+            descriptor = class_dict(cls).get(key)
             if type(descriptor) is types.MemberDescriptorType:
                 descriptor.__set__(owner, value)
                 return
@@ -197,7 +247,7 @@ def write(edge: Edge, value: Any) -> None:
     elif is_a(owner, list):
         list.__setitem__(owner, key, value)
     else:
-        owner[key] = value
+        collections.deque.__setitem__(owner, key, value)
 
 
 def _short(value: Any, limit: int = 40) -> str:
@@ -232,6 +282,8 @@ def _spell_step(edge: Edge, wildcard: bool) -> str:
     if kind == "item":
         if wildcard and type(key) is int and (_sequence(owner) or is_a(owner, dict)):  # a list's, or a dict by step
             return "[*]"
+        if wildcard and type(key) is str and is_a(owner, dict):  # metrics[f"step{n}"]: one holder, not one per key
+            return f"[{_short(_DIGITS.sub('*', key))}]"
         return f"[{_short(key)}]"
     if kind == "key":
         return ".keys()[*]" if wildcard else f".keys()[{key}]"
@@ -251,9 +303,9 @@ def spell(path: Sequence[Edge]) -> str:
 
 
 def holder_key(path: Sequence[Edge]) -> str:
-    """:func:`spell` with sequence indices, ``int`` dict keys and dict key positions as ``[*]``, and no
-    line number: one string for all the records of one list (or of one dict keyed by step), stable
-    from one step to the next."""
+    """:func:`spell` with sequence indices, ``int`` dict keys and dict key positions as ``[*]``, the
+    digits of ``str`` dict keys as ``*`` (``metrics['step*']``), and no line number: one string for
+    all the records of one list (or of one dict keyed by step), stable from one step to the next."""
     return _spell(path, wildcard=True)
 
 
@@ -268,3 +320,27 @@ def _spell(path: Sequence[Edge], wildcard: bool) -> str:
     first = path[0]
     text = _spell_root(first, wildcard) if first.kind in ROOT_KINDS else _spell_step(first, wildcard)
     return text + "".join(_spell_step(e, wildcard) for e in path[1:])
+
+
+def reaches(value: Any, target: Any) -> bool:
+    """Whether ``target`` is reachable from ``value`` through references (``gc.get_referents``: no code
+    of the objects runs). Tensors are not looked into: a detached tensor no longer holds its graph."""
+    if value is target:
+        return True
+    seen = {id(value)}
+    stack = [value]
+    while stack:
+        obj = stack.pop()
+        if _is_tensor(obj):
+            continue
+        for child in gc.get_referents(obj):
+            if child is target:
+                return True
+            if id(child) not in seen and gc.is_tracked(child):
+                seen.add(id(child))
+                stack.append(child)
+    return False
+
+
+def _is_tensor(obj: Any) -> bool:
+    return is_a(obj, _TENSOR)

@@ -7,6 +7,7 @@ counts frames, so adding a helper inside gradguard can never shift an attributio
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import sys
 import types
@@ -14,7 +15,9 @@ import warnings
 
 import wrapt
 
-__all__ = ["caller", "location", "warn_at"]
+from ._ownership import library_of_module
+
+__all__ = ["caller", "location", "user_frame", "warn_at"]
 
 _OWN = tuple(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in (sys.modules[__package__], wrapt))
 
@@ -38,6 +41,19 @@ def caller() -> types.FrameType | None:
     return frame
 
 
+def user_frame() -> types.FrameType | None:
+    """The innermost frame of the program itself: outside gradguard, wrapt, torch, the standard library
+    and installed packages (accelerate's or transformers' wrapper around ``optimizer.step()``); the
+    innermost frame outside gradguard and wrapt when every frame is a library's."""
+    first = frame = caller()
+    while frame is not None:
+        module = frame.f_globals.get("__name__")
+        if not isinstance(module, str) or library_of_module(module) is None:
+            return frame
+        frame = frame.f_back
+    return first
+
+
 def location(frame: types.FrameType | None) -> str:
     """``file:line`` of ``frame``; ``<unknown>`` without one."""
     return "<unknown>" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
@@ -58,6 +74,8 @@ def warn_at(message: str, category: type[Warning], frame: types.FrameType | None
     # ``pkg.mod``: given its globals, warn_explicit asks that loader for ``__main__``'s source and
     # raises ImportError. Without them the line is read from the file, as for any script.
     same = spec is None or getattr(spec, "name", None) == namespace.get("__name__")
+    # ``python -c``'s __main__ has the builtin importer as its loader, which refuses to give source.
+    same = same and namespace.get("__loader__") is not importlib.machinery.BuiltinImporter
     warnings.warn_explicit(
         message,
         category,

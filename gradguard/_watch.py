@@ -89,9 +89,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import itertools
 import os
-import sys
 import threading
 import time
 import types
@@ -99,20 +99,20 @@ from collections.abc import Hashable, Iterable
 from typing import Any, Literal
 
 import torch
-import wrapt
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 
 from . import _stats, _table
-from ._audit import Finding, Retention, RetentionReport, check_ignore, scan
+from ._audit import Retention, RetentionReport, check_ignore, nodes_text, scan_lock, scan_tensors
 from ._criterion import Leak, Source, judge
 from ._enforce import _Install, enforce
 from ._errors import GradGuardError, GraphRetentionError, GraphRetentionWarning
+from ._holders import live_graph_tensors
+from ._liveness import Liveness
 from ._message import display, human
-from ._paths import Path, read, writable, write
 from ._policy import DETACH, OFF, RAISE, WARN, Mode, normalize_mode, resolve
-from ._site import warn_at
-from ._tree import detach
+from ._repair import LIVE, PARTLY, REPAIRED, Repair, repair
+from ._site import user_frame, warn_at
 
 __all__ = [
     "AUDIT_ENV",
@@ -171,51 +171,6 @@ def parse_audit(value: object, *, what: str = "audit") -> Every | None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Repair
-# --------------------------------------------------------------------------------------------------
-
-
-_UNWRITABLE = {
-    "local": "a frame local",
-    "cell": "a closure cell",
-    "key": "a dict key",
-    "member": "a set member",
-    "ref": "a reference Python cannot assign",
-}
-
-
-def _deepest_writable(path: Path) -> int | None:
-    for j in range(len(path) - 1, -1, -1):
-        if writable(path[j]):
-            return j
-    return None
-
-
-def _live(path: Path, j: int) -> bool:
-    """Whether ``path`` still leads, edge by edge, to the owner of edge ``j``: ``False`` only where an
-    edge reads back another object (an earlier repair or another thread replaced something on the
-    way). An edge that cannot be read back (a reference Python cannot name) cannot tell: the repair
-    goes ahead rather than being skipped and reported as done."""
-    for i in range(j):
-        try:
-            now = read(path[i])
-        except (LookupError, AttributeError, IndexError, TypeError, ValueError):
-            continue
-        if now is not path[i + 1].owner:
-            return False
-    return True
-
-
-def _why_not(path: Path) -> str:
-    kinds = []
-    for edge in path:
-        what = "a tuple item" if edge.kind == "item" else _UNWRITABLE.get(edge.kind, f"a {edge.kind}")
-        if what not in kinds:
-            kinds.append(what)
-    return " and ".join(kinds)
-
-
-# --------------------------------------------------------------------------------------------------
 # The watcher
 # --------------------------------------------------------------------------------------------------
 
@@ -225,10 +180,14 @@ class HolderHistory:
     """What the watch saw of one leaking holder, over the boundaries that found it.
 
     ``holder`` is the grouping key (:attr:`Retention.holder`), ``path`` the latest spelled path,
-    ``tensors`` and ``pinned_bytes`` the latest audit's figures, ``survived`` the most step
-    boundaries its graph had survived, ``audits`` how many audits found it, ``outcome`` what the
-    watch did the last time: ``warned``, ``raised``, ``repaired``, ``not repairable`` or
-    ``repaired in part``. ``repaired`` counts the tensors detached in place over all audits.
+    ``tensors``, ``pinned_bytes``, ``nodes`` and ``node_bytes`` the latest audit's figures (see
+    :class:`Retention`), ``survived`` the most step boundaries its graph had survived, ``audits``
+    how many audits found it, ``alive`` whether its graphs could still be backwarded at the last
+    one, ``outcome`` what the watch did the last time: ``"raised"``, ``"warned"``, ``"repaired"``
+    (its graphs were released: read back, the holder no longer reaches them), ``"repaired in
+    part"``, ``"not repairable"`` (a dead graph held where gradguard may not write; ``why`` says
+    where) or ``"live"`` (still usable for backward: reported, not repaired). ``repaired`` counts
+    the tensors released in place over all audits.
     """
 
     holder: str
@@ -240,6 +199,10 @@ class HolderHistory:
     survived: int = 0
     audits: int = 0
     repaired: int = 0
+    nodes: int = 0
+    node_bytes: int = 0
+    alive: bool = False
+    why: str = ""
 
 
 _MAX_SOURCES = 16  # optimizers remembered per thread; the least recently stepped is forgotten first
@@ -290,7 +253,7 @@ class Watcher:
     def __init__(self, every: int | str = "auto", mode: str | None = None, ignore: Any = None) -> None:
         self.every: Every = parse_every(every)
         self.mode: Mode | None = None if mode is None else normalize_mode(mode)
-        check_ignore(ignore)  # a bad ignore is refused now, not at the first audit
+        self._ignore = check_ignore(ignore)  # a bad ignore is refused now; an iterable is read once
         self.ignore = ignore
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -304,22 +267,29 @@ class Watcher:
 
     # ---------------------------------------------------------------------------------------------
 
-    def boundary(self) -> RetentionReport | None:
+    def boundary(self, optimizer: Any = None) -> RetentionReport | None:
         """One step boundary of the calling thread, after the optimizer stepped.
+
+        ``optimizer``: the ``torch.optim.Optimizer`` that stepped (or several, in an iterable), or
+        ``None``. A graph that can still be backwarded is judged only at boundaries of optimizers
+        that update a parameter it reaches; ``None`` judges every graph.
 
         Returns ``None`` when this boundary is not audited (not due by ``every``, mode ``off``, the
         same step as this thread's previous boundary, or a boundary reached from inside an audit),
         and otherwise the report of the leaks this audit found (empty when none), after acting on
         them: ``warn`` warns once per holder (:class:`GraphRetentionWarning`, naming path, bytes and
-        fix); ``detach`` replaces each leaking value at the deepest assignable place on its path
-        with ``detach_tree(value)``, counts it in :func:`gradguard.stats` (store ``"audit"``, site
-        the holder) and warns once per holder it cannot repair (a frame local, a tuple item, a
-        closure cell); ``raise`` raises :class:`GraphRetentionError` naming every leak (its
-        ``report`` attribute is the report). Nothing the audit saw stays referenced afterwards.
+        fix); ``detach`` repairs what is dead (see :mod:`gradguard._repair`: the value replaced, in
+        the program's own state, by its detached self), counts it in :func:`gradguard.stats` (store
+        ``"audit"``, site the holder) and warns once per holder it leaves alone (still usable for
+        backward, or held where gradguard may not write); ``raise`` raises
+        :class:`GraphRetentionError` naming every leak (its ``report`` attribute is the report).
+        Nothing the audit saw stays referenced afterwards.
         """
-        return self._boundary(None)
+        optimizers = _optimizers(optimizer)
+        key = None if not optimizers else tuple(id(o) for o in optimizers)
+        return self._boundary(key, optimizers)
 
-    def _boundary(self, source: Hashable) -> RetentionReport | None:
+    def _boundary(self, source: Hashable, optimizers: tuple[Any, ...] = ()) -> RetentionReport | None:
         state = self._state()
         if state.busy:
             return None
@@ -344,7 +314,7 @@ class Watcher:
             return None
         state.busy = True
         try:
-            return self._audit(own, mode)
+            return self._audit(own, mode, optimizers)
         finally:
             cost = _clock() - now
             state.busy = False
@@ -369,9 +339,20 @@ class Watcher:
             return True
         return state.spent + 2 * state.last_cost <= AUTO_SHARE * (now - state.started)
 
-    def _audit(self, state: Source, mode: Mode) -> RetentionReport:
-        leaks = judge(scan(self.ignore), state)
-        report = RetentionReport([finding.retention for finding, _, _ in leaks])
+    def _audit(self, source: Source, mode: Mode, optimizers: tuple[Any, ...]) -> RetentionReport:
+        with scan_lock:
+            alive_optimizers: list[Any] = []
+            tensors = live_graph_tensors(set(), alive_optimizers)
+            born_at = source.age(tensors)
+            if not born_at:  # every graph alive now was made since the last audit: nothing to judge
+                return RetentionReport([])
+            liveness = Liveness({t.grad_fn for t in tensors})
+            findings, _ = scan_tensors(tensors, self._ignore, set(), liveness)
+            del tensors
+            params = None if not optimizers else functools.partial(_parameter_ids, optimizers, alive_optimizers)
+            leaks = judge(findings, born_at, source.boundaries, liveness, params)
+            del findings, liveness
+        report = RetentionReport([leak.finding.retention for leak in leaks])
         if not leaks:
             return report
         if mode == RAISE:
@@ -381,55 +362,42 @@ class Watcher:
             error = GraphRetentionError(message)
             error.report = report  # type: ignore[attr-defined]
             raise error
+        frame = user_frame()
         if mode == WARN:
             self._note(leaks, "warned")
-            frame = _user_frame()
-            for finding, _, survived in leaks:
-                if _stats.claim_warning(STORE, finding.key, "warn"):
-                    warn_at(_warn_message(finding, survived), GraphRetentionWarning, frame)
+            for leak in leaks:
+                if _stats.claim_warning(STORE, leak.finding.key, "warn"):
+                    warn_at(_warn_message(leak), GraphRetentionWarning, frame)
         elif mode == DETACH:
-            self._repair(leaks)
+            for leak in leaks:
+                self._repair(leak, frame)
         return report
 
-    def _repair(self, leaks: list[Leak]) -> None:
-        frame = _user_frame()
-        for finding, leaking, survived in leaks:
-            writes = tensors = 0
-            stuck: list[Path] = []
-            for i in leaking:
-                path = finding.paths[i]
-                j = _deepest_writable(path)
-                if j is None:
-                    stuck.append(path)
-                    continue
-                if not _live(path, j):
-                    continue  # replaced already, through another of this holder's paths
-                old = read(path[j])
-                new, n = detach(old)
-                if n:
-                    write(path[j], new)
-                    writes += 1
-                    tensors += n
-                del old, new
-            if writes:
-                _stats.count_at(STORE, finding.key, writes, tensors, finding.retention.pinned_bytes)
-            outcome = "repaired" if not stuck else "repaired in part" if writes else "not repairable"
-            self._note([(finding, leaking, survived)], outcome, repaired=tensors)
-            if stuck and _stats.claim_warning(STORE, finding.key, "not repairable"):
-                warn_at(_stuck_message(finding, survived, stuck[0]), GraphRetentionWarning, frame)
+    def _repair(self, leak: Leak, frame: types.FrameType | None) -> None:
+        finding = leak.finding
+        done = repair(
+            [finding.paths[i] for i in leak.leaking], [finding.tensors[i] for i in leak.leaking], leak.alive
+        )
+        if done.detached:
+            retention = finding.retention
+            _stats.count_at(STORE, finding.key, done.detached, done.released, retention.pinned_bytes)
+        self._note([leak], done.outcome, repaired=done.released, why=done.why)
+        if done.outcome != REPAIRED and _stats.claim_warning(STORE, finding.key, done.outcome):
+            warn_at(_unrepaired_message(leak, done), GraphRetentionWarning, frame)
 
-    def _note(self, leaks: Iterable[Leak], outcome: str, repaired: int = 0) -> None:
+    def _note(self, leaks: Iterable[Leak], outcome: str, repaired: int = 0, why: str = "") -> None:
         with self._lock:
-            for finding, _, survived in leaks:
-                r = finding.retention
-                entry = self._history.get(finding.key)
+            for leak in leaks:
+                r = leak.finding.retention
+                entry = self._history.get(leak.finding.key)
                 if entry is None:
-                    entry = self._history[finding.key] = HolderHistory(finding.key, _named(r), r.fix)
+                    entry = self._history[leak.finding.key] = HolderHistory(leak.finding.key, _named(r), r.fix)
                 entry.path, entry.fix, entry.tensors, entry.pinned_bytes = _named(r), r.fix, r.tensors, r.pinned_bytes
-                entry.survived = max(entry.survived, survived)
+                entry.nodes, entry.node_bytes, entry.alive = r.nodes, r.node_bytes, any(leak.alive)
+                entry.survived = max(entry.survived, leak.survived)
                 entry.audits += 1
                 entry.repaired += repaired
-                entry.outcome = outcome
+                entry.outcome, entry.why = outcome, why
 
     # ---------------------------------------------------------------------------------------------
 
@@ -455,38 +423,68 @@ class Watcher:
         return sorted(entries, key=lambda e: (-e.pinned_bytes, e.holder))
 
     def summary(self) -> str:
-        """A few lines: boundaries, audits and their share of the time, and a table of the leaking holders."""
+        """A few lines: boundaries, audits and their share of the time, and a table of the leaking
+        holders. Says plainly when nothing was checked (no optimizer step, or none audited), and
+        how many boundaries an all-clear covers."""
         elapsed = 0.0 if self._started is None else _clock() - self._started
+        boundaries, audits = self.boundaries, self.audits
+        if not boundaries:
+            return "gradguard watch: no optimizer step was seen: nothing was checked"
         share = ""
-        if elapsed > 0 and self.audits:
+        if elapsed > 0 and audits:
             share = f" ({100 * self._spent / elapsed:.2f}% of the time since the first)"
-        head = f"gradguard watch: {_plural(self.boundaries, 'step boundary')}, {self.audits} audited{share}"
+        head = f"gradguard watch: {_plural(boundaries, 'step boundary')}, {audits} audited{share}"
         entries = self.history()
+        if not audits:
+            return f"{head}: nothing was checked"
         if not entries:
-            return f"{head}; no autograd graph outlived a step boundary"
+            covered = "the audited boundary" if audits == 1 else f"the {audits} audited boundaries"
+            unaudited = f"; {boundaries - audits} were not audited" if audits < boundaries else ""
+            return f"{head}; at {covered}, no autograd graph had outlived a step boundary{unaudited}"
         total = sum(e.pinned_bytes for e in entries)
+        nodes = sum(e.node_bytes for e in entries)
         rows = [
-            (display(e.path), str(e.tensors), human(e.pinned_bytes), str(e.survived), e.outcome, display(e.fix))
+            (
+                display(e.path),
+                str(e.tensors),
+                human(e.pinned_bytes),
+                nodes_text(e.nodes, e.node_bytes),
+                str(e.survived),
+                e.outcome,
+                display(e.fix),
+            )
             for e in entries
         ]
-        header = ("holder", "tensors", "pinned", "steps survived", "outcome", "fix")
+        header = ("holder", "tensors", "pinned", "nodes", "steps survived", "outcome", "fix")
         return (
             f"{head}; {_plural(len(entries), 'holder')} kept autograd graphs across step boundaries "
-            f"({human(total)} pinned at their last audit):\n{_table.text(header, rows)}"
+            f"({human(total)} of tensors and ~{human(nodes)} of graph nodes pinned at their last audit):\n"
+            f"{_table.text(header, rows)}"
         )
 
 
-_SKIPPED_DIRS = tuple(
-    os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in (sys.modules[__package__], wrapt, torch)
-)
+def _parameter_ids(optimizers: tuple[Any, ...], alive: list[Any]) -> tuple[frozenset[int], frozenset[int]]:
+    """The ids of the parameters ``optimizers`` update, and of those every live optimizer updates."""
+    own = frozenset(id(p) for o in optimizers for group in o.param_groups for p in group["params"])
+    known = frozenset(id(p) for o in alive for group in o.param_groups for p in group["params"])
+    return own, known
 
 
-def _user_frame() -> types.FrameType | None:
-    """The innermost frame outside gradguard, wrapt and torch: the line that called ``optimizer.step()``."""
-    frame: types.FrameType | None = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_SKIPPED_DIRS):
-        frame = frame.f_back
-    return frame
+def _optimizers(optimizer: Any) -> tuple[Any, ...]:
+    if optimizer is None:
+        return ()
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return (optimizer,)
+    try:
+        found = tuple(optimizer)
+    except TypeError:
+        found = ()
+    if not found or not all(isinstance(o, torch.optim.Optimizer) for o in found):
+        raise GradGuardError(
+            f"Watcher.boundary(optimizer={optimizer!r}) is not accepted; pass the torch.optim.Optimizer that "
+            "stepped, an iterable of them, or None (judge every graph)"
+        )
+    return found
 
 
 def _named(r: Retention) -> str:
@@ -500,36 +498,54 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word[:-1]}ies" if word.endswith("y") else f"{n} {word}s"
 
 
-def _warn_message(finding: Finding, survived: int) -> str:
-    r = finding.retention
+def _state(leak: Leak) -> str:
+    if all(leak.alive):
+        return "its graph can still be backwarded"
+    if any(leak.alive):
+        return "some of its graphs can still be backwarded"
+    return "its graph is dead: no backward can use it"
+
+
+def _figures(r: Retention, survived: int) -> str:
     return (
-        f"gradguard: {_named(r)} keeps an autograd graph across step boundaries ({_plural(r.tensors, 'tensor')}, "
-        f"{human(r.pinned_bytes)} pinned, alive for {_plural(survived, 'step boundary')}); fix: {r.fix}"
+        f"{_plural(r.tensors, 'tensor')}, {human(r.pinned_bytes)} of tensors and {nodes_text(r.nodes, r.node_bytes)} "
+        f"graph nodes pinned, alive for {_plural(survived, 'step boundary')}"
     )
 
 
-def _stuck_message(finding: Finding, survived: int, path: Path) -> str:
-    r = finding.retention
+def _warn_message(leak: Leak) -> str:
+    r = leak.finding.retention
     return (
-        f"gradguard: {_named(r)} keeps an autograd graph across step boundaries ({human(r.pinned_bytes)} pinned, "
-        f"alive for {_plural(survived, 'step boundary')}) and cannot be repaired in place: it is held through "
-        f"{_why_not(path)}; fix: {r.fix}"
+        f"gradguard: {_named(r)} keeps an autograd graph across step boundaries ({_figures(r, leak.survived)}; "
+        f"{_state(leak)}); fix: {r.fix}"
+    )
+
+
+def _unrepaired_message(leak: Leak, done: Repair) -> str:
+    r = leak.finding.retention
+    if done.outcome == LIVE:
+        what = "still usable for backward: not repaired (detaching it could change a gradient)"
+    elif done.outcome == PARTLY:
+        what = f"repaired in part: {done.released} of {len(leak.leaking)} tensors released; the rest: {done.why}"
+    else:
+        what = f"cannot be repaired in place: it is held through {done.why}"
+    return (
+        f"gradguard: {_named(r)} keeps an autograd graph across step boundaries ({_figures(r, leak.survived)}); "
+        f"{what}; fix: {r.fix}"
     )
 
 
 def _raise_message(leaks: list[Leak]) -> str:
-    total = sum(f.retention.pinned_bytes for f, _, _ in leaks)
+    total = sum(leak.finding.retention.pinned_bytes for leak in leaks)
+    nodes = sum(leak.finding.retention.node_bytes for leak in leaks)
     lines = [
         f"gradguard: {_plural(len(leaks), 'holder')} {'keeps' if len(leaks) == 1 else 'keep'} autograd graphs "
-        "across step boundaries "
-        f"({human(total)} pinned); the optimizer step itself completed:"
+        f"across step boundaries ({human(total)} of tensors and ~{human(nodes)} of graph nodes pinned); "
+        "the optimizer step itself completed:"
     ]
-    for finding, _, survived in leaks:
-        r = finding.retention
-        lines.append(
-            f"  {_named(r)}: {_plural(r.tensors, 'tensor')}, {human(r.pinned_bytes)} pinned, alive for "
-            f"{_plural(survived, 'step boundary')}; fix: {r.fix}"
-        )
+    for leak in leaks:
+        r = leak.finding.retention
+        lines.append(f"  {_named(r)}: {_figures(r, leak.survived)}; {_state(leak)}; fix: {r.fix}")
     return "\n".join(lines)
 
 
@@ -555,7 +571,7 @@ class _WatchInstall(_Install):
             self.handle = None
 
     def _hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self.watcher._boundary(id(optimizer))
+        self.watcher._boundary(id(optimizer), (optimizer,))
 
 
 _serial = itertools.count(1)
@@ -596,7 +612,7 @@ class _ProcessWatch:
             else:
                 self.watcher = Watcher(every=every)
         if self.watcher is not None:
-            self.watcher._boundary(id(optimizer))
+            self.watcher._boundary(id(optimizer), (optimizer,))
 
     def stop(self) -> None:
         self.handle.remove()

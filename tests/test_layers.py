@@ -9,7 +9,8 @@ from pathlib import Path
 import gradguard
 
 LAYERS: list[set[str]] = [
-    {"_errors", "_containers", "_tree", "_graph", "_paths", "_holders"},  # the tree walk and graph inspection
+    # the tree walk, graph inspection, and the heap search
+    {"_errors", "_containers", "_tree", "_graph", "_liveness", "_frames", "_paths", "_ownership", "_holders"},
     {"_policy", "_site", "_stats", "_message", "_table"},  # policy: modes, call site, stats, messages
     {"_publish"},  # the publish boundary
     {"_offload", "_store", "_contract", "_arguments", "_wrapper", "_results", "_step", "engines"},  # on top
@@ -19,6 +20,7 @@ LAYERS: list[set[str]] = [
         "testing",
         "_audit",
         "_criterion",
+        "_repair",
         "_watch",
         "_memory",
         "_doctor",

@@ -500,11 +500,11 @@ def test_auto_audits_the_first_two_boundaries_then_keeps_under_one_percent(monke
     clock = [0.0]
     monkeypatch.setattr(_watch, "_clock", lambda: clock[0])
 
-    def costly_scan(ignore: Any) -> Any:
+    def costly_scan(exclude: Any, optimizers: Any = None) -> Any:
         clock[0] += 0.05  # an audit takes 50 ms of a 1 s step: 5%
         return []
 
-    monkeypatch.setattr(_watch, "scan", costly_scan)
+    monkeypatch.setattr(_watch, "live_graph_tensors", costly_scan)
     watcher = gradguard.Watcher(mode="raise", ignore=elsewhere)  # every="auto"
     x = torch.ones(2, requires_grad=True)
     audited = []

@@ -84,7 +84,8 @@ def test_the_option_watches_the_session_in_raise_mode(pytester: pytest.Pytester)
     assert sorted(failed) == ["test_inner.py::test_leaky", "test_inner.py::test_marked_leaky"]
     assert all(reason.startswith("gradguard.GraphRetentionError: ") for reason in failed.values())
     # test_leaky's second step: last step's loss and this step's, both in the global list
-    assert "test_inner:KEPT[*]: 2 tensors, 0 B pinned, alive for 1 step boundary" in result.stdout.str()
+    assert "test_inner:KEPT[*]: 2 tensors, 0 B of tensors and " in result.stdout.str()
+    assert "graph nodes pinned, alive for 1 step boundary; its graph is dead" in result.stdout.str()
 
 
 def test_a_bad_option_value_is_a_usage_error(pytester: pytest.Pytester) -> None:
