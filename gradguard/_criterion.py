@@ -41,7 +41,7 @@ from ._audit import Finding
 from ._liveness import Liveness
 from ._paths import Path
 
-__all__ = ["Leak", "Source", "judge", "variable"]
+__all__ = ["Age", "Leak", "Source", "judge", "variable"]
 
 _NO_SEQUENCE = 2**64 - 1  # AccumulateGrad and a few others: never recorded, never looked up
 _GRACE = 1  # boundaries a variable may keep a graph: `loss = train_step(batch)`'s previous result
@@ -80,16 +80,17 @@ class Source:
     """The boundaries of one optimizer (or of direct :meth:`Watcher.boundary` calls) in one thread:
     their count, and the nodes recorded at the last audited one."""
 
-    __slots__ = ("boundaries", "marks")
+    __slots__ = ("boundaries", "marks", "previous")
 
     def __init__(self) -> None:
         self.boundaries = 0
         self.marks: _Marks = {}
+        self.previous: _Marks = {}  # the marks the last age() compared with
 
-    def age(self, tensors: Iterable[torch.Tensor]) -> dict[int, int]:
-        """For each tensor (by id) whose graph was alive at this source's last audited boundary, the
-        boundary at which that graph was first seen; and record every graph seen now."""
-        born_at: dict[int, int] = {}
+    def age(self, tensors: Iterable[torch.Tensor]) -> dict[int, Age]:
+        """For each tensor (by id) whose graph was alive at this source's last audited boundary, its
+        :class:`Age`; and record every graph seen now."""
+        born_at: dict[int, Age] = {}
         marks: _Marks = {}
         clean: set[Any] = set()
         now = self.boundaries
@@ -97,19 +98,32 @@ class Source:
             node = tensor.grad_fn
             if node is None:
                 continue
-            born = _born(node, self.marks, clean)
-            _record(marks, node, now if born is None else born)
-            if born is not None:
-                born_at[id(tensor)] = born
-        self.marks = marks
+            found = _born(node, self.marks, clean)
+            _record(marks, node, now if found is None else found.born)
+            if found is not None:
+                born_at[id(tensor)] = found
+        self.previous, self.marks = self.marks, marks
         return born_at
 
+    def own_age(self, root: Any, others: set[Any]) -> Age | None:
+        """The age of the graph from ``root`` without going into ``others`` (other held tensors' old
+        nodes), against the marks of the last audited boundary before the current one."""
+        return _born(root, self.previous, set(), stop=others)
 
-def _born(root: Any, marks: _Marks, clean: set[Any]) -> int | None:
+
+class Age(NamedTuple):
+    """When a graph was first seen, and whether its own root was (else: an older node inside it)."""
+
+    born: int
+    own: bool
+
+
+def _born(root: Any, marks: _Marks, clean: set[Any], stop: set[Any] | None = None) -> Age | None:
     """When the oldest recorded node nearest to ``root`` was first seen, or ``None``: a new graph.
 
     Breadth first, so the nearest recorded node answers. ``clean`` holds nodes whose whole graph
-    below was walked at this boundary and holds no recorded node: they are not walked again.
+    below was walked at this boundary and holds no recorded node: they are not walked again. The
+    walk does not go into the nodes in ``stop``.
     """
     if not marks:
         return None
@@ -117,7 +131,7 @@ def _born(root: Any, marks: _Marks, clean: set[Any]) -> int | None:
     queue = collections.deque([root])
     while queue:
         node = queue.popleft()
-        if node in seen or node in clean:
+        if node in seen or node in clean or (stop and node in stop):
             continue
         seen.add(node)
         candidates = marks.get(_key(node))  # type: ignore[arg-type]
@@ -125,9 +139,10 @@ def _born(root: Any, marks: _Marks, clean: set[Any]) -> int | None:
             metadata = _metadata(node)
             for mark in candidates:
                 if mark.metadata is metadata:
-                    return mark.born
+                    return Age(mark.born, node is root)
         queue.extend(child for child, _ in node.next_functions if child is not None)
-    clean.update(seen)
+    if not stop:
+        clean.update(seen)
     return None
 
 
@@ -181,16 +196,24 @@ class Leak(NamedTuple):
 
 def judge(
     findings: list[Finding],
-    born_at: dict[int, int],
-    now: int,
+    born_at: dict[int, Age],
+    source: Source,
     liveness: Liveness,
     params: Callable[[], tuple[frozenset[int], frozenset[int]]] | None,
 ) -> list[Leak]:
-    """The leaking holders among ``findings`` at boundary ``now`` of a source whose graphs were first
-    seen at ``born_at`` (by tensor id). ``params`` gives the ids of the parameters the source's
-    optimizer updates and of those every live optimizer updates (``None``: a boundary of no
-    optimizer, which judges every graph)."""
+    """The leaking holders among ``findings`` at the current boundary of ``source``, whose graphs
+    were first seen as ``born_at`` says (by tensor id, from :meth:`Source.age`). ``params`` gives the
+    ids of the parameters the source's optimizer updates and of those every live optimizer updates
+    (``None``: a boundary of no optimizer, which judges every graph).
+
+    A new tensor whose graph is old only through another old tensor the program holds (``loss =
+    out + self.ema``, where ``self.ema`` keeps last step's graph) is that tensor's leak, not its
+    own. One that also holds old nodes nobody else holds (``total = total + loss`` while a list
+    keeps each loss) is its own.
+    """
     others = _other_threads_frames()
+    now = source.boundaries
+    held_old = {t.grad_fn for f in findings for t in f.tensors if id(t) in born_at}
     updated: tuple[frozenset[int], frozenset[int]] | None = None
     leaks: list[Leak] = []
     for finding in findings:
@@ -198,10 +221,15 @@ def judge(
         alive: list[bool] = []
         oldest = now
         for i, (tensor, path) in enumerate(zip(finding.tensors, finding.paths)):
-            born = born_at.get(id(tensor))
-            if born is None or (path and path[0].kind == "local" and id(path[0].owner) in others):
+            age = born_at.get(id(tensor))
+            if age is None or (path and path[0].kind == "local" and id(path[0].owner) in others):
                 continue  # a new graph; or another thread's frame: that thread's boundaries judge it
-            if now - born <= (_GRACE if variable(path) else 0):
+            if not age.own:
+                root = tensor.grad_fn
+                age = source.own_age(root, held_old - {root})  # type: ignore[assignment]
+                if age is None:
+                    continue  # old only through another holder's tensor: that holder's leak
+            if now - age.born <= (_GRACE if variable(path) else 0):
                 continue
             state = liveness.state(tensor.grad_fn)
             if params is not None:
@@ -212,7 +240,7 @@ def judge(
                     continue  # this optimizer does not train through it; another one does
             leaking.append(i)
             alive.append(state.alive)
-            oldest = min(oldest, born)
+            oldest = min(oldest, age.born)
         if leaking:
             leaks.append(Leak(finding, leaking, now - oldest, alive))
     return leaks

@@ -47,11 +47,13 @@ from ._paths import MODULE_STATE, Edge, Path, class_dict, instance_dict, is_a, m
 __all__ = ["find_paths", "live_graph_tensors", "own_code", "running_thread"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_REVERSE_LEVELS = 24  # past this many levels up, one forward sweep from the roots finds the rest (see _Search.run)
+_REVERSE_LEVELS = 32  # past this many levels up, one forward sweep from the roots finds the rest (see _Search.run)
 _SWEEP_FROM = 256  # frontiers this large are looked up with a sweep (see _Search.referrers)
 _SWEEP_CHUNK = 1024
 _FRAMES_TRAVERSE_LOCALS = sys.version_info < (3, 11)  # before 3.11 a running frame is a referrer of its locals
 
+_SEQUENCES = (list, collections.deque)
+_CO_OPTIMIZED = 0x0001  # inspect.CO_OPTIMIZED: a function's frame (a module or class body's is not)
 _GENERATORS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)
 
 
@@ -230,6 +232,9 @@ class _Search:
             self.frames.append(frame)
             if _FRAMES_TRAVERSE_LOCALS:
                 self.excluded.add(id(frame))  # found through self.locals instead
+            if id(frame.f_globals) in self.modules and not frame.f_code.co_flags & _CO_OPTIMIZED:
+                if frame.f_locals is frame.f_globals:
+                    continue  # a module's top-level code: its locals are that module's globals, a root already
             for name, value in frame_locals(frame) or ():
                 if gc.is_tracked(value):
                     self.keep.append(value)
@@ -328,35 +333,29 @@ class _Search:
         targets = {id(t): i for i, t in enumerate(self.targets) if wanted >> i & 1}
         parent: dict[int, int | None] = {}
         objects: dict[int, Any] = self.own({})
-        queue: collections.deque[Any] = self.own(collections.deque())
-        for oid, kind in self.roots.items():
-            if kind == "global":
-                parent[oid] = None
-                objects[oid] = self.objects[oid]
-                queue.append(self.objects[oid])
-        for namespace in self.modules:
-            if namespace not in parent and namespace not in self.excluded:
-                globals_ = module_dict(self.modules[namespace])
-                parent[namespace], objects[namespace] = None, globals_
-                queue.append(globals_)
-        for oid, value in self.local_values.items():
-            if oid not in parent:
-                parent[oid], objects[oid] = None, value
-                queue.append(value)
         found: dict[int, list[Any]] = {}
-        while queue and len(found) < len(targets):
-            obj = queue.popleft()
-            cls = type(obj)
-            for child in gc.get_referents(obj):
-                cid = id(child)
-                if cid in parent or cid in self.mine or cid in self.excluded or child is cls:
-                    continue
-                if cid in targets:
-                    found[cid] = []
-                elif not gc.is_tracked(child):
-                    continue
-                parent[cid], objects[cid] = id(obj), child
-                queue.append(child)
+        globals_ = [module_dict(self.modules[oid]) for oid in self.modules if oid not in self.excluded]
+        # Module globals first, to the end: a thread's local names a target only where no global reaches it.
+        for roots in (globals_, list(self.local_values.values())):
+            queue: collections.deque[Any] = self.own(collections.deque())
+            for root in roots:
+                if id(root) not in parent:
+                    parent[id(root)], objects[id(root)] = None, root
+                    queue.append(root)
+            while queue and len(found) < len(targets):
+                obj = queue.popleft()
+                cls = type(obj)
+                for child in gc.get_referents(obj):
+                    cid = id(child)
+                    if cid in parent or cid in self.mine or cid in self.excluded or child is cls:
+                        continue
+                    if cid in targets:
+                        found[cid] = []
+                    elif not gc.is_tracked(child):
+                        continue
+                    parent[cid], objects[cid] = id(obj), child
+                    queue.append(child)
+            queue.clear()
         chains: dict[int, list[Any]] = {}
         for cid in found:
             chain: list[Any] = []
@@ -391,17 +390,19 @@ class _Search:
         """For each target, the objects from a root down to it: the nearest module global wins; a
         thread's frame local only where no global reaches."""
         via: dict[int, int | None] = {}
+        order: list[int] = []  # breadth-first: parents before children
         queue: collections.deque[int] = collections.deque()
         for oid, kind in self.roots.items():
             if kind == "global":
                 via[oid] = None
                 queue.append(oid)
-        self._walk(queue, via)
+        self._walk(queue, via, order)
         for oid, kind in self.roots.items():
             if kind == "local" and oid not in via:
                 via[oid] = None
                 queue.append(oid)
-                self._walk(queue, via)
+                self._walk(queue, via, order)
+        self._prefer_sequences(via, order)
         result: list[list[Any] | None] = []
         for i, t in enumerate(self.targets):
             node: int | None = id(t)
@@ -425,36 +426,48 @@ class _Search:
         return node
 
     def _rehome(self, chain: list[Any], via: dict[int, int | None]) -> list[Any]:
-        """A chain whose root names its second object directly (``rec = {...}``, a variable) is
-        named through a list, deque or dict that also holds that object (``HISTORY.append(rec)``):
-        the container that accumulates, not the alias of the latest record."""
-        if len(chain) < 3:
+        """A chain whose root names its second object directly (``rec = {...}``, a variable) is named
+        through a list or deque that also holds that object and that the climb stopped short of
+        (``HISTORY.append(rec)``): the container that accumulates, not the alias of the latest record."""
+        if len(chain) < 3 or is_a(chain[0], _SEQUENCES):
             return chain
         named = id(chain[1])
         for parent in self.parents.get(named, ()):
             owner = self.objects[parent]
-            if parent == id(chain[0]) or not is_a(owner, (list, dict, collections.deque)):
+            if parent in via or not is_a(owner, _SEQUENCES):
                 continue
-            if parent in via:
-                path: list[Any] = []
-                node: int | None = parent
-                while node is not None:
-                    path.append(self.objects[node])
-                    node = via[node]
-                if all(id(o) != named for o in path):
-                    return [*path[::-1], *chain[1:]]
-            for holder in gc.get_referrers(owner):  # a container the climb stopped short of: one level more
+            for holder in gc.get_referrers(owner):  # one level more above it
                 if id(holder) in self.modules and id(holder) not in self.excluded:
                     self.keep.append(owner)
                     return [holder, owner, *chain[1:]]
         return chain
 
-    def _walk(self, queue: collections.deque[int], via: dict[int, int | None]) -> None:
+    def _prefer_sequences(self, via: dict[int, int | None], order: list[int]) -> None:
+        """Where an object is held both by a name (a variable, an attribute) and by a list or deque,
+        name it through the list: ``self.last = rec; self.history.append(rec)`` is the history's leak.
+        ``via`` stays a forest: an object is moved under a list only when the list's own chain does
+        not go through it."""
+        for oid in order:
+            current = via.get(oid)
+            if current is None or is_a(self.objects[current], _SEQUENCES):
+                continue
+            for parent in self.parents.get(oid, ()):
+                if parent == current or parent not in via or not is_a(self.objects[parent], _SEQUENCES):
+                    continue
+                node: int | None = parent
+                while node is not None and node != oid:
+                    node = via[node]
+                if node is None:
+                    via[oid] = parent
+                    break
+
+    def _walk(self, queue: collections.deque[int], via: dict[int, int | None], order: list[int]) -> None:
         while queue:
             oid = queue.popleft()
             for kid in self.children[oid]:
                 if kid not in via:
                     via[kid] = oid
+                    order.append(kid)
                     queue.append(kid)
 
 

@@ -115,7 +115,7 @@ def instance_dict(obj: Any) -> dict[str, Any] | None:
         descriptor = class_dict(cls).get("__dict__")
         if descriptor is None:
             continue
-        if type(descriptor) is not types.GetSetDescriptorType:
+        if type(descriptor) not in (types.GetSetDescriptorType, types.MemberDescriptorType):
             return None  # the class defines its own __dict__: reading it would run the class's code
         try:
             namespace = descriptor.__get__(obj, type(obj))

@@ -103,25 +103,26 @@ def repair(paths: list[Path], tensors: list[torch.Tensor], alive: list[bool]) ->
 
 
 def _write_point(path: Path) -> tuple[int | None, str]:
-    """The deepest edge of ``path`` the repair may write, or ``None`` and why there is none."""
+    """The edge of ``path`` the repair writes, or ``None`` and why there is none: the edge that holds
+    the tensor, or the nearest one above it when only immutable values (tuples, namedtuples) are in
+    between, which are then rebuilt. Never above a mutable object or one the repair may not write:
+    rebuilding those would hand the program a different object than the one it holds."""
     owners = path_owners(path)
-    why = ""
     for j in range(len(path) - 1, -1, -1):
         edge = path[j]
-        if not writable(edge):
-            why = why or _unwritable(edge)
-            continue
-        refusal = _refusal(edge, owners[j])
-        if refusal:
-            why = why or refusal
-            continue
-        return j, ""
-    return None, why or "nothing on its path can be assigned"
+        if writable(edge):
+            refusal = _refusal(edge, owners[j])
+            return (None, refusal) if refusal else (j, "")
+        if not (edge.kind == "item" and is_a(edge.owner, tuple)):
+            return None, _unwritable(edge)
+    return None, "nothing on its path can be assigned"
 
 
 def _unwritable(edge: Edge) -> str:
+    if edge.kind == "ref":
+        return f"the {edge.key} of a {type(edge.owner).__qualname__}, which Python cannot assign"
     if edge.kind == "item":
-        return "a tuple item" if is_a(edge.owner, tuple) else f"an item of a {type(edge.owner).__qualname__}"
+        return f"an item of a {type(edge.owner).__qualname__}"
     return _UNWRITABLE.get(edge.kind, f"a {edge.kind}")
 
 

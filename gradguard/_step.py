@@ -60,6 +60,12 @@ def forward_step(
                 f"gradguard.forward_step decorates a function or method, got {type(func).__qualname__}; "
                 "pass options as keywords: @gradguard.forward_step(loss=..., check=...)"
             )
+        if isinstance(func, type):
+            raise GradGuardError(
+                f"gradguard.forward_step cannot decorate the class {func.__qualname__!r}: it would wrap its "
+                "constructor, whose result is the object, not a step's (loss, output). Decorate the method that "
+                "returns them: @gradguard.forward_step on def forward_step(self, ...) inside the class"
+            )
         how = kind(func)
         if how in ("generator", "async generator"):
             raise GradGuardError(

@@ -350,7 +350,7 @@ class Watcher:
             findings, _ = scan_tensors(tensors, self._ignore, set(), liveness)
             del tensors
             params = None if not optimizers else functools.partial(_parameter_ids, optimizers, alive_optimizers)
-            leaks = judge(findings, born_at, source.boundaries, liveness, params)
+            leaks = judge(findings, born_at, source, liveness, params)
             del findings, liveness
         report = RetentionReport([leak.finding.retention for leak in leaks])
         if not leaks:

@@ -9,7 +9,8 @@ It lives outside the ``gradguard`` package so that loading it imports neither gr
   a graph that outlives an optimizer step fails the test whose ``optimizer.step()`` found it.
   ``N`` is a positive whole number or ``auto``. The watch's mode is ``--gradguard``'s when given.
 * ``@pytest.mark.gradguard(audit=N)`` does the same for one test (inside the marker's
-  ``enforce(...)``; the watch's mode is the marker's ``mode`` when given, else ``raise``).
+  ``enforce(...)``; the watch's mode is the marker's ``mode`` when given, else ``raise``). A test's
+  marker wins over the session's option: the session's watch steps aside while that test runs.
 * The ``gradguard_probe`` fixture is a :class:`gradguard.testing.MemoryProbe` (CPU) around the test.
 
 Without an option, the marker or the fixture nothing changes, and gradguard (and torch) is not
@@ -102,6 +103,10 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     # The watch is made first: a bad audit fails the test before anything is entered.
     watching = gradguard.watch(every=audit, mode=kwargs.get("mode") or "raise")
     with contextlib.ExitStack() as scopes:
+        session = item.config.stash.get(_WATCH_KEY, None)
+        if session is not None:  # the test's own watch replaces the session's for its duration
+            session.__exit__(None, None, None)
+            scopes.callback(session.__enter__)
         scopes.enter_context(gradguard.enforce(audit=0, **kwargs))  # this watch, not GRADGUARD_AUDIT's
         scopes.enter_context(watching)
         return (yield)
