@@ -9,7 +9,8 @@ from pathlib import Path
 import gradguard
 
 LAYERS: list[set[str]] = [
-    {"_errors", "_containers", "_tree", "_graph", "_paths", "_holders"},  # the tree walk and graph inspection
+    # the tree walk, graph inspection, and the per-device memory figure
+    {"_errors", "_containers", "_tree", "_graph", "_paths", "_holders", "_allocated"},
     {"_policy", "_site", "_stats", "_message", "_table"},  # policy: modes, call site, stats, messages
     {"_publish"},  # the publish boundary
     {"_offload", "_store", "_contract", "_arguments", "_wrapper", "_results", "_step", "engines"},  # on top
