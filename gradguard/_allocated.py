@@ -24,15 +24,28 @@ CUDA
     ``RESCAN`` readings. Nothing is read while CUDA is not initialised: the reader never initialises
     it, never synchronises, and does nothing on a CPU-only build.
 
+What a reading costs
+    ``mallinfo2`` walks glibc's lists of free chunks, so its cost grows with the heap's fragmentation:
+    a few microseconds for a few hundred free chunks when the caches are warm, several times that as
+    the first reading after a training step, and much more in a heap a leak has fragmented (each
+    kept graph leaves holes between the blocks it pins). The CUDA figure builds the allocator's
+    whole statistics dictionary. So the reader can be given a ``share`` of the wall time: it then
+    reads only when its cheapest recent reading costs at most ``share`` times the time since its
+    last reading, and returns ``{}`` (no figure) otherwise. A step long enough for the reading is
+    read at every boundary; a reading that turned expensive is spread out instead of slowing every
+    step.
+
 The reader never imports torch: it reads CUDA only when ``torch`` is already in ``sys.modules`` (or
 given). It is not thread-safe to share one reader between threads that read at the same time.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import sys
+import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Literal
@@ -48,6 +61,7 @@ RESCAN = 64
 CpuSource = Literal["mallinfo2", "statm"]
 
 _PROBE_BYTES = 1 << 20
+_COSTS_KEPT = 3  # the budget goes by the cheapest of the last readings: one preempted reading does not stall it
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -129,13 +143,30 @@ class AllocatedReader:
     ``cpu``: ``"auto"`` (``mallinfo2`` where it is honest, else ``statm``, else no CPU figure),
     ``"mallinfo2"`` or ``"statm"`` (that one or none), or ``"off"``. ``cuda``: whether to read the
     CUDA devices in use. ``torch``: the torch module to read CUDA through; by default the one in
-    ``sys.modules`` at each reading, so a process that never imported torch reads none. A bad
-    ``cpu`` is a :class:`GradGuardError` naming the accepted values.
+    ``sys.modules`` at each reading, so a process that never imported torch reads none. ``share``: the
+    most of the wall time the readings may take, or ``None`` to read at every call (see "What a
+    reading costs" above; ``clock`` is the clock that budget is kept with, in seconds). ``skipped``
+    counts the calls that read nothing for the budget. A bad ``cpu`` or ``share`` is a
+    :class:`GradGuardError` naming the value and what is accepted.
     """
 
-    def __init__(self, cpu: str = "auto", cuda: bool = True, torch: ModuleType | None = None) -> None:
+    def __init__(
+        self,
+        cpu: str = "auto",
+        cuda: bool = True,
+        torch: ModuleType | None = None,
+        share: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         if cpu not in ("auto", "mallinfo2", "statm", "off"):
             raise GradGuardError(f"cpu={cpu!r} is not accepted; accepted: 'auto', 'mallinfo2', 'statm', 'off'")
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1):
+            raise GradGuardError(f"share={share!r} is not accepted; accepted: a number > 0 and <= 1, or None")
+        self.share = share
+        self._clock = clock
+        self._costs: collections.deque[float] = collections.deque(maxlen=_COSTS_KEPT)
+        self._last: float | None = None
+        self.skipped = 0
         self.cpu_source: CpuSource | None = None
         self._cpu: Callable[[], int] | None = None
         if cpu in ("auto", "mallinfo2"):
@@ -152,6 +183,18 @@ class AllocatedReader:
         self._readings = 0
 
     def __call__(self) -> dict[str, int]:
+        if self.share is None:
+            return self._read()
+        now = self._clock()
+        if self._last is not None and min(self._costs) > self.share * (now - self._last):
+            self.skipped += 1
+            return {}
+        out = self._read()
+        self._last = self._clock()
+        self._costs.append(self._last - now)
+        return out
+
+    def _read(self) -> dict[str, int]:
         out: dict[str, int] = {}
         if self._cpu is not None:
             out[CPU] = self._cpu()

@@ -180,3 +180,64 @@ def test_the_reader_never_imports_torch_itself(tmp_path: Any) -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     source = AllocatedReader().cpu_source
     assert out.strip() == f"{source} {['cpu'] if source else []}"
+
+
+# --------------------------------------------------------------------------------------------------
+# The reading budget, with a stand-in clock and CPU figure
+# --------------------------------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def budgeted(share: float, cost: list[float]) -> tuple[AllocatedReader, Clock]:
+    """A reader whose CPU reading takes ``cost[0]`` seconds of the stand-in clock."""
+    clock = Clock()
+    reader = AllocatedReader(cpu="off", cuda=False, share=share, clock=clock)
+
+    def cpu() -> int:
+        clock.now += cost[0]
+        return 42
+
+    reader._cpu = cpu
+    return reader, clock
+
+
+def test_a_reading_within_its_share_of_the_step_is_taken_at_every_boundary() -> None:
+    reader, clock = budgeted(0.001, [20e-6])  # 20 µs against 25 ms steps: 0.08%
+    for _ in range(100):
+        clock.now += 0.025
+        assert reader() == {"cpu": 42}
+    assert reader.skipped == 0
+
+
+def test_an_expensive_reading_is_spread_out_to_its_share() -> None:
+    reader, clock = budgeted(0.001, [20e-6])
+    taken = []
+    for _ in range(1000):
+        clock.now += 0.005  # 5 ms steps: a 20 µs reading fits 0.1% at most at one boundary in four
+        taken.append(bool(reader()))
+    assert taken[0] and 0.75 * 250 <= sum(taken) <= 250
+    assert sum(taken) * 20e-6 <= 0.001 * clock.now
+    assert reader.skipped == 1000 - sum(taken)
+
+
+def test_one_slow_reading_does_not_stall_the_budget() -> None:
+    """A reading preempted for 10 ms: the budget goes by the cheapest of the last three."""
+    cost = [20e-6]
+    reader, clock = budgeted(0.001, cost)
+    for step in range(50):
+        clock.now += 0.030
+        cost[0] = 0.010 if step == 10 else 20e-6
+        assert reader() == {"cpu": 42}, f"skipped at step {step}"
+
+
+def test_a_bad_share_names_the_value_and_what_is_accepted() -> None:
+    for bad in (0, 1.5, "0.1", True):
+        with pytest.raises(GradGuardError, match=r"share=.* is not accepted; accepted: a number > 0 and <= 1, or None"):
+            AllocatedReader(share=bad)  # type: ignore[arg-type]
