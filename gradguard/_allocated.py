@@ -1,4 +1,4 @@
-"""Bytes in use per device, cheap enough to read at every step boundary: the memory trigger's input.
+"""Bytes in use per device, read at each step boundary for a small fraction of an audit: the memory trigger's input.
 
 :class:`AllocatedReader` returns ``{"cpu": bytes, "cuda:0": bytes, ...}`` for the devices it can read.
 Each figure counts what is allocated now, not what the allocator keeps cached, so it moves by the
@@ -26,14 +26,15 @@ CUDA
 
 What a reading costs
     ``mallinfo2`` walks glibc's lists of free chunks, so its cost grows with the heap's fragmentation:
-    a few microseconds for a few hundred free chunks when the caches are warm, several times that as
-    the first reading after a training step, and much more in a heap a leak has fragmented (each
-    kept graph leaves holes between the blocks it pins). The CUDA figure builds the allocator's
-    whole statistics dictionary. So the reader can be given a ``share`` of the wall time: it then
-    reads only when its cheapest recent reading costs at most ``share`` times the time since its
-    last reading, and returns ``{}`` (no figure) otherwise. A step long enough for the reading is
-    read at every boundary; a reading that turned expensive is spread out instead of slowing every
-    step.
+    the few hundred free chunks of a clean training loop cost a small fraction of a step, the first
+    reading after a step more than a second one (the walk finds the caches cold), and a heap that a
+    leak has fragmented (each kept graph leaves holes between the blocks it pins) many times more
+    (``benchmarks/results/trigger-cpu.md``). The resident set costs one system call whatever the
+    heap. The CUDA figure builds the allocator's whole statistics dictionary. So the reader can be
+    given a ``share`` of the wall time: it then reads only when its cheapest recent reading costs at
+    most ``share`` times the time since its last reading, and returns ``{}`` (no figure) otherwise. A
+    step long enough for the reading is read at every boundary; a reading that turned expensive is
+    spread out instead of slowing every step.
 
 The reader never imports torch: it reads CUDA only when ``torch`` is already in ``sys.modules`` (or
 given). It is not thread-safe to share one reader between threads that read at the same time.
@@ -177,7 +178,7 @@ class AllocatedReader:
             self.cpu_source = "statm" if self._cpu is not None else None
         self.cuda = cuda
         self._torch = torch
-        self._stats: Callable[[int], dict] | None = None
+        self._stats: Callable[[int], dict[str, int]] | None = None
         self._devices: list[int] | None = None  # every CUDA device index, once CUDA is initialised
         self._used: list[int] = []
         self._readings = 0
@@ -230,14 +231,14 @@ class AllocatedReader:
             out[f"cuda:{d}"] = stats(d)["current"]
 
 
-def _allocated_stats(torch: ModuleType) -> Callable[[int], dict]:
+def _allocated_stats(torch: ModuleType) -> Callable[[int], dict[str, int]]:
     """``stats(d)`` -> ``{"current": bytes, "peak": bytes}`` of CUDA device ``d``'s allocated bytes."""
     raw = getattr(torch._C, "_cuda_memoryStats", None)
     if raw is not None:
         return lambda d: raw(d)["allocated_bytes"]["all"]
 
     # torch moved its private binding: the public functions (slower: they flatten every counter)
-    def public(d: int) -> dict:
+    def public(d: int) -> dict[str, int]:
         return {"current": torch.cuda.memory_allocated(d), "peak": torch.cuda.max_memory_allocated(d)}
 
     return public
