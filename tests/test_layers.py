@@ -11,7 +11,8 @@ import gradguard
 LAYERS: list[set[str]] = [
     # the tree walk, graph inspection, and the per-device memory figure
     {"_errors", "_containers", "_tree", "_graph", "_paths", "_holders", "_allocated"},
-    {"_policy", "_site", "_stats", "_message", "_table"},  # policy: modes, call site, stats, messages
+    # policy: modes, call site, stats, messages, the memory trigger's rule
+    {"_policy", "_site", "_stats", "_message", "_table", "_trigger"},
     {"_publish"},  # the publish boundary
     {"_offload", "_store", "_contract", "_arguments", "_wrapper", "_results", "_step", "engines"},  # on top
     {
