@@ -9,9 +9,21 @@ from pathlib import Path
 import gradguard
 
 LAYERS: list[set[str]] = [
-    # the tree walk, graph inspection, and the heap search
-    {"_errors", "_containers", "_tree", "_graph", "_liveness", "_frames", "_paths", "_ownership", "_holders"},
-    {"_policy", "_site", "_stats", "_message", "_table"},  # policy: modes, call site, stats, messages
+    # the tree walk, graph inspection, the heap search, and the per-device memory figure
+    {
+        "_errors",
+        "_containers",
+        "_tree",
+        "_graph",
+        "_liveness",
+        "_frames",
+        "_paths",
+        "_ownership",
+        "_holders",
+        "_allocated",
+    },
+    # policy: modes, call site, stats, messages, the memory trigger's rule
+    {"_policy", "_site", "_stats", "_message", "_table", "_trigger"},
     {"_publish"},  # the publish boundary
     {"_offload", "_store", "_contract", "_arguments", "_wrapper", "_results", "_step", "engines"},  # on top
     {
