@@ -25,6 +25,7 @@ from ._stats import SiteStats, Stats, reset_stats, stats
 from ._step import forward_step
 from ._store import guard, unwrap
 from ._tree import GraphRecord, detach_tree, find_graphs
+from ._trigger import TriggerSettings
 from ._watch import Watcher, watch
 from ._watch import start_process_watch as _start_process_watch
 
@@ -44,6 +45,7 @@ __all__ = [
     "RetentionReport",
     "SiteStats",
     "Stats",
+    "TriggerSettings",
     "Watcher",
     "__version__",
     "audit",

@@ -2,66 +2,65 @@
 
 At a step boundary (``optimizer.step()`` has just run) the graphs of earlier steps should all be
 gone. The watch audits the heap there (:func:`gradguard.audit`'s scan), decides which holders are
-leaks, and acts on them by mode: ``warn``, ``raise``, ``detach`` (repair in place) or ``off``.
+leaks, and acts on them by mode: ``warn``, ``raise``, ``detach`` (repair what is provably dead) or
+``off``. It is built to be left on: it never changes the gradients of a correct program, never
+calls or writes the program's objects while it looks, and says only what it checked.
 
-What is a leak
+What is a leak (:mod:`gradguard._criterion`)
     A graph is a leak when one of its autograd nodes was already alive at the previous audited
-    boundary (of the same optimizer, in the same thread). The current step's ``loss``, still a frame
-    local at ``optimizer.step()``, is a graph made since then: it is never a leak. A list that keeps last
+    boundary of the same optimizer in the same thread. The current step's ``loss``, still a frame
+    local at ``optimizer.step()``, is a graph made since then: never a leak. A list that keeps last
     step's loss, a metrics dict, a module attribute set once and kept: the tensor itself was there
-    last time. ``loss_sum += loss`` (or ``loss_sum = loss_sum + loss``): the new tensor's graph
-    contains the previous sum's node. A holder is a leak when any of its tensors is, and it has
-    survived ``b`` step boundaries when the oldest of those nodes was first seen ``b`` boundaries
-    ago. So a leak is found at the second audit that sees it, and only a graph that *outlives* a
-    boundary can be one: a module attribute overwritten by every forward (it holds the current
-    step's graph at each boundary) is listed by :func:`gradguard.audit` but never acted on.
+    last time. ``loss_sum += loss``: the new tensor's graph contains the previous sum's node. A
+    holder is a leak when any of its tensors is; it has survived ``b`` boundaries when the oldest
+    of those nodes was first seen ``b`` boundaries ago. A module attribute overwritten by every
+    forward holds only the current step's graph at each boundary: :func:`gradguard.audit` lists it,
+    the watch never acts on it. A graph held only by a variable (a frame's, or a top-level variable
+    of the program being run: a script, ``python -c``, ``-m``, a notebook) is a leak once it has
+    survived two boundaries (``loss = train_step(batch)`` keeps the previous step's loss while the
+    next step runs). A graph is judged only at boundaries of optimizers that update a parameter it
+    reaches, so an inner loop's or a critic's steps do not age the outer forward.
 
-    One exception: a graph held by a frame's variable, directly or in containers (``loss``,
-    ``out[0]``, ``outputs['logits']``, but not ``self.metrics['loss_sum']``: an attribute is an
-    object's state), is a leak only once it has survived two boundaries. ``loss =
-    train_step(batch)``, where ``train_step`` runs backward and ``optimizer.step()``, still holds
-    the previous step's loss in the caller while the next step runs: that graph outlives exactly
-    one boundary and is then replaced. A frame's ``loss_sum``, or a list that is a frame's
-    variable, keeps growing past that: it is found one boundary later than state would be (with
-    ``every=1``; with ``every`` ≥ 2 at the second audit as well).
+What is repaired (:mod:`gradguard._repair`, :mod:`gradguard._liveness`)
+    Only a *dead* graph: one that no backward can use any more, because every path from its root to
+    a leaf that requires grad goes through a node whose saved tensors a backward freed or an
+    in-place update changed (torch itself refuses both). Detaching it changes no gradient. A graph
+    that can still be backwarded (a forward not backwarded yet, ``retain_graph=True``, a chain of
+    nodes that saved nothing) is reported, never repaired. The repair writes only the program's own
+    state, at the place that holds the tensor, and says ``repaired`` only when the value read back
+    no longer reaches the graph.
 
 How a node is recognised without keeping it alive
     torch's autograd nodes take no weak reference, and their Python objects come and go while the
     node lives, so neither a weak reference nor ``id()`` can follow one. Each node owns a
     ``metadata`` dict (torch creates it on first read and keeps it exactly as long as the node; it
     stays empty outside anomaly mode). At an audited boundary the watch records, for the
-    ``grad_fn`` of every tensor it judged, that dict, keyed by the node's ``(sequence number,
+    ``grad_fn`` of every graph tensor alive, that dict, keyed by the node's ``(sequence number,
     type)``. Holding the dict keeps nothing but the dict, and, while it is held, no other object can
-    take its id. At the next audited boundary each judged graph is walked from its root; a node
-    whose ``(sequence number, type)`` was recorded is compared by identity of its ``metadata`` dict,
-    which makes the answer exact, across threads too (sequence numbers are per thread). Only the
-    recorded roots and nodes with a recorded key ever get a ``metadata`` dict made. A node whose
+    take its id. At the next audited boundary each graph is walked from its root; a node whose
+    ``(sequence number, type)`` was recorded is compared by identity of its ``metadata`` dict,
+    which makes the answer exact, across threads too (sequence numbers are per thread). A node whose
     dict names a parent node (anomaly mode, double backward) is not recorded: holding that dict
-    would keep the parent alive. Every graph made from a tensor the scan could see contains that
-    tensor's ``grad_fn``, so recording the roots is enough. Outside ``detach`` mode the watch
-    changes nothing else: that empty dict, which torch makes the same way for any reader of
-    ``grad_fn.metadata``, is its only trace on a graph.
+    would keep the parent alive. Outside ``detach`` mode the watch changes nothing else: that empty
+    dict, which torch makes the same way for any reader of ``grad_fn.metadata``, is its only trace
+    on a graph. When no graph alive at a boundary is older than the previous audit (a clean step),
+    the audit ends after that one pass over the heap, without searching for holders.
 
 Threads
     Each thread has its own boundaries: a boundary is the ``optimizer.step()`` of that thread (or a
     :meth:`Watcher.boundary` call from it), and the previous audited boundary is that thread's. At
-    a boundary, tensors that only another thread's frames hold are neither judged nor recorded:
-    that thread may be mid-forward or mid-backward, and its own boundaries judge them. Everything
-    else (module globals, class attributes, objects, suspended generators' frames) is judged at
-    every thread's boundary. A forward that runs across two boundaries of this thread and is
-    reachable from such a shared root would be judged a leak.
+    a boundary, tensors that only another thread's frames hold are not judged: that thread may be
+    mid-forward or mid-backward, and its own boundaries judge them. Everything else (module
+    globals, class attributes, objects, suspended generators' frames) is judged at every thread's
+    boundary. Audits run one at a time in the process.
 
-How often: ``every``
-    An audit is a search of the whole heap: its cost grows with the number of live objects, not with
-    the model, and on a CPU it takes as long as one or several training steps of a small model
-    (``benchmarks/results/watch-cpu.md``). So the default is ``every="auto"``: each thread's first
-    two boundaries are audited (a leak shows at the second), then a boundary whenever the time its
-    audits have taken, plus two more as long as the last one, stays within 1% of the wall time since
-    its first boundary (one audit of margin: an audit slower than the last one does not take the
-    share past 1%). The watch times its own audits; the share falls to just under 1% as the first
-    two are amortised, whatever the step time, and a thread audits about every ``100 × audit /
-    step`` boundaries. A positive ``int`` audits every ``every``-th boundary (``every=1`` for tests
-    and for hunting a leak).
+How often (:mod:`gradguard._schedule`)
+    ``every="auto"`` (the default): at every boundary the memory figure (bytes in use per device)
+    is read, and the boundary is audited when it grew past its low-water mark
+    (:mod:`gradguard._trigger`), plus a backstop on time for leaks too slow to move it; without a
+    memory figure, the first two boundaries and then as often as keeps the audits under 1% of the
+    wall time. A positive ``int`` audits every ``every``-th boundary (``every=1`` for tests and for
+    hunting a leak).
 
 Turning it on
     ``with gradguard.watch(...)`` or ``@gradguard.watch(...)``; ``gradguard.enforce(audit=N)``;
@@ -74,15 +73,14 @@ Turning it on
     :class:`GradGuardError` there, naming it and what is accepted.
 
 Several optimizers
-    Each optimizer has its own boundaries, each with its own record: in a GAN's loop (the
-    discriminator's loss, backward, its step, then the generator's) the discriminator's loss is
-    still a frame local at the generator's step, made before the discriminator's step, but after
-    the generator's previous one; it is not a leak. (Direct :meth:`Watcher.boundary` calls are one
-    more source.) Several ``optimizer.step()`` calls in one thread with no autograd node made in
-    that thread in between (two optimizers over one backward, a callback's boundary next to the
-    optimizer hook) are one boundary: the first is counted and audited, the others return
-    ``None``. The same optimizer stepping again is always a new boundary. ``every`` and ``"auto"``
-    count a thread's boundaries, whatever their optimizer.
+    Each optimizer has its own boundaries, each with its own record: in a GAN's loop the
+    discriminator's loss is still a frame local at the generator's step, made before the
+    discriminator's step but after the generator's previous one; it is not a leak. Several
+    ``optimizer.step()`` calls in one thread with no autograd node made in that thread in between
+    (two optimizers over one backward, a callback's boundary next to the optimizer hook) are one
+    boundary: the first is counted and audited, the others return ``None``. The same optimizer
+    stepping again is always a new boundary. ``every`` and ``"auto"`` count a thread's boundaries,
+    whatever their optimizer.
 """
 
 from __future__ import annotations
@@ -112,11 +110,12 @@ from ._liveness import Liveness
 from ._message import display, human
 from ._policy import DETACH, OFF, RAISE, WARN, Mode, normalize_mode, resolve
 from ._repair import LIVE, PARTLY, REPAIRED, Repair, repair
+from ._schedule import Schedule
 from ._site import user_frame, warn_at
+from ._trigger import TriggerSettings
 
 __all__ = [
     "AUDIT_ENV",
-    "AUTO_SHARE",
     "HolderHistory",
     "Watcher",
     "audit_install",
@@ -129,9 +128,6 @@ __all__ = [
 Every = int | Literal["auto"]
 
 AUDIT_ENV = "GRADGUARD_AUDIT"
-AUTO_SHARE = 0.01
-"""``every="auto"``: the most of a thread's wall time since its first boundary its audits may take."""
-
 _clock = time.perf_counter
 
 STORE = "audit"
@@ -159,6 +155,27 @@ def _every(value: object, what: str, accepted: str) -> Every:
 def parse_every(value: object, *, what: str = "every") -> Every:
     """``every`` as the watch takes it: a positive ``int`` or ``"auto"``; :class:`GradGuardError` otherwise."""
     return _every(value, what, _EVERY_ACCEPTED)
+
+
+def parse_memory(value: object, every: Every) -> TriggerSettings | None:
+    """``memory`` as the watch takes it: ``True`` (the trigger's default settings), ``False`` or
+    ``None`` (no memory trigger), or a :class:`TriggerSettings`; :class:`GradGuardError` otherwise.
+    It applies to ``every="auto"`` only."""
+    if value is True:
+        return TriggerSettings() if every == "auto" else None
+    if value is False or value is None:
+        return None
+    if isinstance(value, TriggerSettings):
+        if every != "auto":
+            raise GradGuardError(
+                f"memory={value!r} is not accepted with every={every!r}: the memory trigger schedules audits for "
+                "every='auto' only; pass every='auto', or leave memory out"
+            )
+        return value
+    raise GradGuardError(
+        f"memory={value!r} is not accepted; accepted: True (audit when memory grows, the default), False (no "
+        "memory trigger) or gradguard.TriggerSettings(floor=..., window=..., ...)"
+    )
 
 
 def parse_audit(value: object, *, what: str = "audit") -> Every | None:
@@ -209,18 +226,15 @@ _MAX_SOURCES = 16  # optimizers remembered per thread; the least recently steppe
 
 
 class _ThreadState:
-    """One thread's boundaries: their count and the schedule, and each source's own record."""
+    """One thread's boundaries: the schedule, and each source's own record."""
 
-    __slots__ = ("boundaries", "sequence", "stepped", "sources", "started", "spent", "last_cost", "busy")
+    __slots__ = ("schedule", "sequence", "stepped", "sources", "busy")
 
-    def __init__(self) -> None:
-        self.boundaries = 0
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
         self.sequence: int | None = None  # torch's node counter of this thread at the end of the last boundary
         self.stepped: set[Hashable] = set()  # the sources already stepped since that counter last moved
         self.sources: collections.OrderedDict[Hashable, Source] = collections.OrderedDict()
-        self.started = 0.0
-        self.spent = 0.0  # seconds spent auditing
-        self.last_cost = 0.0
         self.busy = False
 
     def source(self, key: Hashable) -> Source:
@@ -238,29 +252,34 @@ class Watcher:
     """Audit at step boundaries and act on the leaks (see the module documentation for the criterion).
 
     ``every``: a positive ``int`` (audit the boundaries ``every``, ``2*every``, ... of each thread)
-    or ``"auto"``: audit a thread's first two boundaries, then a boundary whenever the time its
-    audits have taken, plus two more as long as the last one, stays within 1% of the wall time
-    since its first boundary; the watch measures its own audits. ``mode``: ``"warn"``, ``"raise"``, ``"detach"``,
-    ``"off"`` (aliases as everywhere in gradguard), or ``None``: the mode in force
-    (:func:`gradguard.get_mode`) at each boundary, in the thread of that boundary. ``ignore``:
-    path prefixes or a predicate, as for :func:`gradguard.audit`. A bad value raises
-    :class:`GradGuardError` here.
+    or ``"auto"`` (see :mod:`gradguard._schedule`). ``mode``: ``"warn"``, ``"raise"``,
+    ``"detach"``, ``"off"`` (aliases as everywhere in gradguard), or ``None``: the mode in force
+    (:func:`gradguard.get_mode`) at each boundary, in the thread of that boundary. ``ignore``: path
+    prefixes or a predicate, as for :func:`gradguard.audit` (an iterable is read once, here).
+    ``memory`` (``every="auto"`` only): ``True`` audits when the memory figure grows, with the
+    default :class:`TriggerSettings`; a :class:`TriggerSettings` sets the rule; ``False`` schedules
+    on time alone. A bad value raises :class:`GradGuardError` here.
 
     Call :meth:`boundary` at each step boundary (the :func:`watch` scope does it from every
     ``torch.optim.Optimizer.step``; framework callbacks call it from their step-end hooks).
     """
 
-    def __init__(self, every: int | str = "auto", mode: str | None = None, ignore: Any = None) -> None:
+    def __init__(
+        self, every: int | str = "auto", mode: str | None = None, ignore: Any = None, memory: Any = True
+    ) -> None:
         self.every: Every = parse_every(every)
         self.mode: Mode | None = None if mode is None else normalize_mode(mode)
         self._ignore = check_ignore(ignore)  # a bad ignore is refused now; an iterable is read once
         self.ignore = ignore
+        self.memory: TriggerSettings | None = parse_memory(memory, self.every)
         self._local = threading.local()
         self._lock = threading.Lock()
         self._history: dict[str, HolderHistory] = {}
-        self._counts = {"boundaries": 0, "audits": 0}
+        self._counts = {"boundaries": 0, "audits": 0, "memory": 0}
         self._spent = 0.0
+        self._read = 0.0
         self._started: float | None = None
+        self._schedules: list[Schedule] = []
 
     def __repr__(self) -> str:
         return f"gradguard.Watcher(every={self.every!r}, mode={self.mode!r})"
@@ -301,43 +320,49 @@ class Watcher:
         own = state.source(source)
         own.boundaries += 1
         now = _clock()
-        if not state.boundaries:
-            state.started = now
         with self._lock:
             if self._started is None:
                 self._started = now
             self._counts["boundaries"] += 1
-        state.boundaries += 1
+        schedule = state.schedule
         mode = resolve(self.mode)
-        if mode == OFF or not self._due(state, now):
+        if mode == OFF:
+            schedule.boundaries += 1
+            state.sequence = sequence
+            return None
+        read_before = schedule.read_seconds
+        reason = schedule.boundary(now)
+        with self._lock:
+            self._read += schedule.read_seconds - read_before
+        if reason is None:
             state.sequence = sequence
             return None
         state.busy = True
+        known = len(self._history)
+        start = _clock()
         try:
             return self._audit(own, mode, optimizers)
         finally:
-            cost = _clock() - now
+            cost = _clock() - start
             state.busy = False
-            state.spent += cost
-            state.last_cost = cost
+            with self._lock:
+                new = len(self._history) > known
+            schedule.audited(cost, new)
             state.sequence = torch.autograd._get_sequence_nr()
             with self._lock:
                 self._spent += cost
                 self._counts["audits"] += 1
+                self._counts["memory"] += reason == "memory"
 
     def _state(self) -> _ThreadState:
         try:
             state: _ThreadState = self._local.state
         except AttributeError:
-            state = self._local.state = _ThreadState()
+            schedule = Schedule(self.every, self.memory, clock=_clock)
+            state = self._local.state = _ThreadState(schedule)
+            with self._lock:
+                self._schedules.append(schedule)
         return state
-
-    def _due(self, state: _ThreadState, now: float) -> bool:
-        if self.every != "auto":
-            return state.boundaries % self.every == 0
-        if state.boundaries <= 2:
-            return True
-        return state.spent + 2 * state.last_cost <= AUTO_SHARE * (now - state.started)
 
     def _audit(self, source: Source, mode: Mode, optimizers: tuple[Any, ...]) -> RetentionReport:
         with scan_lock:
@@ -416,6 +441,16 @@ class Watcher:
         """Wall time the audits took, all threads."""
         return self._spent
 
+    @property
+    def read_seconds(self) -> float:
+        """Wall time the memory readings took, all threads."""
+        return self._read
+
+    @property
+    def memory_audits(self) -> int:
+        """Audits the memory trigger asked for (growth, and the confirmations after it), all threads."""
+        return self._counts["memory"]
+
     def history(self) -> list[HolderHistory]:
         """Every holder an audit found leaking, most pinned bytes first."""
         with self._lock:
@@ -423,24 +458,26 @@ class Watcher:
         return sorted(entries, key=lambda e: (-e.pinned_bytes, e.holder))
 
     def summary(self) -> str:
-        """A few lines: boundaries, audits and their share of the time, and a table of the leaking
-        holders. Says plainly when nothing was checked (no optimizer step, or none audited), and
-        how many boundaries an all-clear covers."""
+        """A few lines: boundaries, audits and the watch's share of the time, what the memory trigger
+        saw, and a table of the leaking holders. Says plainly when nothing was checked (no optimizer
+        step, or no audit), and how many boundaries an all-clear covers."""
         elapsed = 0.0 if self._started is None else _clock() - self._started
         boundaries, audits = self.boundaries, self.audits
         if not boundaries:
             return "gradguard watch: no optimizer step was seen: nothing was checked"
         share = ""
-        if elapsed > 0 and audits:
-            share = f" ({100 * self._spent / elapsed:.2f}% of the time since the first)"
-        head = f"gradguard watch: {_plural(boundaries, 'step boundary')}, {audits} audited{share}"
+        if elapsed > 0 and (audits or self._read):
+            share = f" ({100 * (self._spent + self._read) / elapsed:.2f}% of the time since the first)"
+        asked = f", {self.memory_audits} of them for memory growth" if self.memory_audits else ""
+        head = f"gradguard watch: {_plural(boundaries, 'step boundary')}, {audits} audited{asked}{share}"
+        memory = self._memory_line()
         entries = self.history()
         if not audits:
-            return f"{head}: nothing was checked"
+            return f"{head}: no audit ran, nothing was checked{memory}"
         if not entries:
             covered = "the audited boundary" if audits == 1 else f"the {audits} audited boundaries"
             unaudited = f"; {boundaries - audits} were not audited" if audits < boundaries else ""
-            return f"{head}; at {covered}, no autograd graph had outlived a step boundary{unaudited}"
+            return f"{head}; at {covered}, no autograd graph had outlived a step boundary{unaudited}{memory}"
         total = sum(e.pinned_bytes for e in entries)
         nodes = sum(e.node_bytes for e in entries)
         rows = [
@@ -460,6 +497,28 @@ class Watcher:
             f"{head}; {_plural(len(entries), 'holder')} kept autograd graphs across step boundaries "
             f"({human(total)} of tensors and ~{human(nodes)} of graph nodes pinned at their last audit):\n"
             f"{_table.text(header, rows)}"
+        )
+
+    def _memory_line(self) -> str:
+        """What the memory trigger did, for a summary whose audits found nothing: a run it watched
+        without asking for an audit was not checked by one, and the reader should know how small a
+        leak could have stayed under it."""
+        with self._lock:
+            schedules = list(self._schedules)
+        triggers = [s.trigger for s in schedules if s.trigger is not None]
+        if not triggers:
+            return ""
+        reader = next(s.reader for s in schedules if s.trigger is not None)
+        floor = max(t.settings.floor for t in triggers)
+        window = min(t.settings.window for t in triggers)
+        return (
+            f"; memory ({reader.describe()}) was read at each boundary and "
+            + (
+                "asked for an audit"
+                if self.memory_audits
+                else f"never rose {human(floor)} over its low-water mark of the last {window} boundaries (a leak "
+                f"of {human(floor // window)} per step or more would have)"
+            )
         )
 
 
@@ -638,9 +697,9 @@ def stop_process_watch() -> None:
 
 
 class watch(enforce):
-    """Audit after every ``every``-th optimizer step of any ``torch.optim.Optimizer``, and act on leaks.
+    """Audit at the optimizer steps of any ``torch.optim.Optimizer``, and act on leaks.
 
-    A :class:`Watcher` (``every``, ``mode``, ``ignore`` as there) whose :meth:`Watcher.boundary`
+    A :class:`Watcher` (``every``, ``mode``, ``ignore``, ``memory`` as there) whose :meth:`Watcher.boundary`
     runs from torch's global optimizer step post hook, registered while the scope is entered: in a
     ``with`` block, or around a decorated function (for a coroutine function while it runs, for a
     generator or async generator function from its first resumption to its end). Nestable and
@@ -650,9 +709,11 @@ class watch(enforce):
     :meth:`~Watcher.history`).
     """
 
-    def __init__(self, every: int | str = "auto", mode: str | None = None, ignore: Any = None) -> None:
+    def __init__(
+        self, every: int | str = "auto", mode: str | None = None, ignore: Any = None, memory: Any = True
+    ) -> None:
         super().__init__(mode=None, engines="none", audit=0)
-        self.watcher = Watcher(every=every, mode=mode, ignore=ignore)
+        self.watcher = Watcher(every=every, mode=mode, ignore=ignore, memory=memory)
         self._installs = [_WatchInstall(self.watcher, ("watch", f"#{next(_serial)}"))]
 
     def __enter__(self) -> watch:
