@@ -158,7 +158,9 @@ def test_find_leaks() -> None:
     assert re.search(
         rf"in main: leaky\.model\.attn\.current_max_attn_logits\s+1\s+4\.5 MiB\s+{nodes}\s+no\s+MaximumBackward0", plain
     ), out
-    assert re.search(rf"^__main__:HISTORY\[\*\]\['loss'\]\s+6\s+\S+ B\s+{nodes}\s+no\s+NllLossBackward0", plain, re.M), out
+    assert re.search(
+        rf"^__main__:HISTORY\[\*\]\['loss'\]\s+6\s+\S+ B\s+{nodes}\s+no\s+NllLossBackward0", plain, re.M
+    ), out
     assert re.search(rf"in main: leaky\.metrics\['loss_sum'\]\s+1\s+\S+ B\s+{nodes}\s+no\s+AddBackward0", plain), out
     assert "3 holders kept autograd graphs across step boundaries" in watched, out
     for holder in (
