@@ -22,6 +22,16 @@ def _threads(text: str) -> int:
     return value
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: a whole number >= 1")
+    return value
+
+
 def _output(text: str) -> str:
     """An output path whose folder exists and is writable: checked before the run, not after it."""
     folder = os.path.dirname(os.path.abspath(text))
@@ -63,6 +73,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="GIB",
         help="stop a run once its allocated memory passes GIB (default on CUDA: 85%% of the device's memory)",
     )
+    bench.add_argument(
+        "--late-leak",
+        action="store_true",
+        help="a clean run that starts leaking at --leak-start, unwatched and watched (memory per step, the step "
+        "the leak is reported at), and --clean-steps clean steps for the watch's share of the time",
+    )
+    bench.add_argument("--leak-start", type=_positive, default=500, metavar="STEP", help="--late-leak: default 500")
+    bench.add_argument("--steps", type=_positive, default=1000, metavar="N", help="--late-leak: default 1000")
+    bench.add_argument("--clean-steps", type=_positive, default=2000, metavar="N", help="--late-leak: default 2000")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.add_argument(
         "--threads",
@@ -162,6 +181,8 @@ def _bench(args: argparse.Namespace) -> int:
     if cap is None and device.type == "cuda":
         cap = int(0.85 * torch.cuda.get_device_properties(device).total_memory)
 
+    if args.late_leak:
+        return _late_leak(args, device, size, names)
     tick, close = _progress(len(names) * 2 * micro_batches, args.no_progress)
     report: dict[str, Any] = {
         "device": str(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
@@ -183,6 +204,41 @@ def _bench(args: argparse.Namespace) -> int:
     if args.plot:
         plot(report, args.plot)
     failed = [c for r in report["scenarios"].values() for c, ok, _ in verdicts(r) if not ok]
+    return 1 if failed else 0
+
+
+def _late_leak(args: argparse.Namespace, device: Any, size: Any, names: list[str]) -> int:
+    import torch
+
+    from ._bench.late_leak import run_late_leak
+    from ._bench.machine import machine, machine_line
+    from ._bench.report import late_plot, late_table, late_verdicts
+
+    if args.leak_start >= args.steps:
+        return _fail(f"--leak-start {args.leak_start} must come before the last of --steps {args.steps}")
+    tick, close = _progress(len(names) * (2 * args.steps + 2 * args.clean_steps), args.no_progress)
+    report: dict[str, Any] = {
+        "device": str(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
+        "torch": torch.__version__,
+        "machine": machine_line(machine(device)),
+        "late_leak": {},
+    }
+    try:
+        for name in names:
+            report["late_leak"][name] = run_late_leak(
+                name, device, size, start=args.leak_start, steps=args.steps, clean_steps=args.clean_steps, tick=tick
+            )
+    finally:
+        close()
+    print(f"machine: {report['machine']}")
+    print(late_table(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+            f.write("\n")
+    if args.plot:
+        late_plot(report, args.plot)
+    failed = [c for r in report["late_leak"].values() for c, ok, _ in late_verdicts(r) if not ok]
     return 1 if failed else 0
 
 

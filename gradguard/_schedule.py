@@ -13,7 +13,9 @@ on. What it can afford at every step is a look at the memory figure.
     :data:`READ_SHARE` of the wall time, and audits when the memory trigger asks for it
     (:mod:`gradguard._trigger`: the figure rose past its low-water mark by more than a threshold at
     two boundaries in a row, and the confirming audits after that): a leak that starts at any step
-    is audited within a couple of boundaries of its start and reported at the next. Behind it, a
+    is audited within a couple of boundaries of its start and reported at the next. Once a leak was
+    found, the trigger's audits are held within :data:`TRIGGER_SHARE` of the wall time (a leak that
+    ``detach`` releases and the program makes again is then audited as often as that affords). Behind it, a
     backstop on time: a boundary is also audited when the audits so far, plus one more as long as
     the last one, stay within :data:`BACKSTOP_SHARE` of the wall time since the thread's first
     boundary, for leaks too slow to move the figure (under ``floor / window`` bytes per step).
@@ -34,7 +36,7 @@ from typing import Literal
 from ._allocated import AllocatedReader
 from ._trigger import RESIDENT_FLOOR, Request, Trigger, TriggerSettings
 
-__all__ = ["AUTO_SHARE", "BACKSTOP_SHARE", "FIRST_COST", "READ_SHARE", "Reason", "Schedule"]
+__all__ = ["AUTO_SHARE", "BACKSTOP_SHARE", "FIRST_COST", "READ_SHARE", "TRIGGER_SHARE", "Reason", "Schedule"]
 
 AUTO_SHARE = 0.01
 """Without a memory figure: the most of a thread's wall time since its first boundary its audits may take."""
@@ -42,6 +44,11 @@ AUTO_SHARE = 0.01
 BACKSTOP_SHARE = 0.0005
 """With a memory figure: the most of the wall time the backstop's audits may take (the trigger's
 audits are not counted against it: a leak is worth them)."""
+
+TRIGGER_SHARE = 0.05
+"""The most of the wall time the trigger's audits may take once a leak was found: a leak the repair
+releases again and again (``detach`` mode, while the program keeps leaking) is audited as often as
+this affords, which keeps its memory bounded without slowing every step."""
 
 READ_SHARE = 0.0015
 """The most of the wall time the memory readings may take: a step long enough is read at every
@@ -70,6 +77,8 @@ class Schedule:
         self.boundaries = 0
         self.started = 0.0
         self.spent = 0.0  # seconds the audits took
+        self.triggered = 0.0  # of which the trigger's
+        self.found = False  # an audit of this thread found a leak
         self.read_seconds = 0.0  # seconds the memory readings took
         self.last_cost = 0.0
         self.request: Request | None = None  # what the trigger asked at the last boundary
@@ -109,17 +118,23 @@ class Schedule:
             self._figure = self._figure or bool(readings)  # CUDA's figure appears once CUDA is in use
             self.request = self._trigger.observe(readings)
             if self.request is not None:
-                return "memory"
+                if not self.found or self.triggered + self.last_cost <= TRIGGER_SHARE * elapsed:
+                    return "memory"
+                self._trigger.declined()
+                self.request = None
         if self._figure:
             return "time" if self.spent + (self.last_cost or FIRST_COST) <= BACKSTOP_SHARE * elapsed else None
         if self.boundaries <= 2:
             return "first"
         return "time" if self.spent + 2 * self.last_cost <= AUTO_SHARE * elapsed else None
 
-    def audited(self, cost: float, new: bool) -> None:
-        """The audit of the last boundary took ``cost`` seconds; ``new``: it found a leak no earlier
-        audit had reported."""
+    def audited(self, cost: float, new: bool, found: bool = False, reason: Reason | None = None) -> None:
+        """The audit of the last boundary (asked for by ``reason``) took ``cost`` seconds; ``new``: it
+        found a leak no earlier audit had reported, or released one; ``found``: it found any leak."""
         self.spent += cost
         self.last_cost = cost
+        self.found = self.found or found
+        if reason == "memory":
+            self.triggered += cost
         if self._trigger is not None:
             self._trigger.audited(new)

@@ -207,6 +207,7 @@ class Trigger:
         """How many requests of each reason so far."""
         self.backoffs = 0
         """How many episodes ended with nothing new found (each multiplied thresholds by ``backoff``)."""
+        self._last_reason: Literal["grew", "confirm"] = "grew"
 
     def observe(self, readings: Mapping[str, int]) -> Request | None:
         """This boundary's readings; a :class:`Request` when an audit is asked for here."""
@@ -237,6 +238,15 @@ class Trigger:
         if self._episode is not None and new:
             self._episode.found = True
 
+    def declined(self) -> None:
+        """The request of the boundary last observed was not granted (the caller's time budget): no
+        audit ran, so it is neither an episode nor a reason to back off; the trigger asks again at the
+        next boundary that is still above its threshold."""
+        self._episode = None
+        if self.requests["grew"] or self.requests["confirm"]:
+            last = "confirm" if self._last_reason == "confirm" else "grew"
+            self.requests[last] -= 1
+
     def thresholds(self) -> dict[str, int]:
         """Each device's threshold as of the last boundary it was read at (0 before its second)."""
         return {name: device.threshold for name, device in self._devices.items()}
@@ -262,6 +272,7 @@ class Trigger:
 
     def _request(self, reason: Literal["grew", "confirm"], devices: tuple[str, ...]) -> Request:
         self.requests[reason] += 1
+        self._last_reason = reason
         return Request(
             reason,
             devices,

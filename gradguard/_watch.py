@@ -92,7 +92,7 @@ import itertools
 import os
 import threading
 import time
-import types
+import warnings
 from collections.abc import Hashable, Iterable
 from typing import Any, Literal
 
@@ -134,8 +134,8 @@ STORE = "audit"
 """The store name of the watch's repairs in :func:`gradguard.stats` (the site is the holder's path)."""
 
 _EVERY_ACCEPTED = (
-    "a positive whole number N (audit every N-th step boundary) or 'auto' (audit the first two "
-    "boundaries, then as often as keeps the audits under 1% of the wall time)"
+    "a positive whole number N (audit every N-th step boundary) or 'auto' (audit when memory grows, "
+    "and as often as keeps the audits within a small share of the wall time)"
 )
 _AUDIT_ACCEPTED = f"{_EVERY_ACCEPTED}, or 0/off (no watch)"
 _OFF_WORDS = frozenset({"0", "off", "false", "no", "none"})
@@ -220,6 +220,7 @@ class HolderHistory:
     node_bytes: int = 0
     alive: bool = False
     why: str = ""
+    found_at: int = 0
 
 
 _MAX_SOURCES = 16  # optimizers remembered per thread; the least recently stepped is forgotten first
@@ -276,6 +277,7 @@ class Watcher:
         self._lock = threading.Lock()
         self._history: dict[str, HolderHistory] = {}
         self._counts = {"boundaries": 0, "audits": 0, "memory": 0}
+        self._released = 0  # tensors the repair released, all holders
         self._spent = 0.0
         self._read = 0.0
         self._started: float | None = None
@@ -338,16 +340,22 @@ class Watcher:
             state.sequence = sequence
             return None
         state.busy = True
-        known = len(self._history)
+        with self._lock:
+            known, released = len(self._history), self._released
         start = _clock()
+        report: RetentionReport | None = None
         try:
-            return self._audit(own, mode, optimizers)
+            report = self._audit(own, mode, optimizers)
+            return report
+        except GraphRetentionError as error:
+            report = getattr(error, "report", None)
+            raise
         finally:
             cost = _clock() - start
             state.busy = False
             with self._lock:
-                new = len(self._history) > known
-            schedule.audited(cost, new)
+                new = len(self._history) > known or self._released > released
+            schedule.audited(cost, new, found=bool(report), reason=reason)
             state.sequence = torch.autograd._get_sequence_nr()
             with self._lock:
                 self._spent += cost
@@ -377,28 +385,71 @@ class Watcher:
             params = None if not optimizers else functools.partial(_parameter_ids, optimizers, alive_optimizers)
             leaks = judge(findings, born_at, source, liveness, params)
             del findings, liveness
+        return self._act(leaks, mode, user_frame())
+
+    def _act(self, leaks: list[Leak], mode: Mode, frame: Any, ended: str = "") -> RetentionReport:
+        """Act on ``leaks`` by ``mode``; warnings at ``frame`` (a frame, or a ``(file, line)``)."""
         report = RetentionReport([leak.finding.retention for leak in leaks])
         if not leaks:
             return report
         if mode == RAISE:
-            message = _raise_message(leaks)
+            message = _raise_message(leaks, ended)
             self._note(leaks, "raised")
             leaks.clear()  # the traceback keeps this frame: it must not keep the tensors
             error = GraphRetentionError(message)
             error.report = report  # type: ignore[attr-defined]
             raise error
-        frame = user_frame()
         if mode == WARN:
             self._note(leaks, "warned")
             for leak in leaks:
                 if _stats.claim_warning(STORE, leak.finding.key, "warn"):
-                    warn_at(_warn_message(leak), GraphRetentionWarning, frame)
+                    _warn(_warn_message(leak, ended), frame)
         elif mode == DETACH:
             for leak in leaks:
-                self._repair(leak, frame)
+                self._repair(leak, frame, ended)
         return report
 
-    def _repair(self, leak: Leak, frame: types.FrameType | None) -> None:
+    def mark(self) -> Source:
+        """Every graph alive now, recorded (nothing is kept alive): :meth:`outlived`'s starting point."""
+        with scan_lock:
+            mark = Source()
+            mark.age(live_graph_tensors(set()))
+        return mark
+
+    def outlived(self, mark: Source, what: str, where: tuple[str, int] | None = None) -> RetentionReport:
+        """The graphs made since ``mark`` that are still alive, now that ``what`` (a test, a scope) has
+        ended: nothing it made should still hold a graph. Each holder is acted on as at a boundary,
+        by the watch's mode (the mode in force when it has none): ``raise`` raises
+        :class:`GraphRetentionError`, ``warn`` warns at ``where`` (file, line), ``detach`` repairs
+        what is dead. Costs one pass over the heap when nothing outlived it; the holders are
+        searched for only when something did."""
+        mode = resolve(self.mode)
+        if mode == OFF:
+            return RetentionReport([])
+        start = _clock()
+        try:
+            with scan_lock:
+                tensors = live_graph_tensors(set())
+                old = mark.age(tensors)
+                made = [t for t in tensors if id(t) not in old]
+                del tensors, old
+                if not made:
+                    return RetentionReport([])
+                liveness = Liveness({t.grad_fn for t in made})
+                findings, _ = scan_tensors(made, self._ignore, set(), liveness)
+                del made
+                leaks = [
+                    Leak(f, list(range(len(f.tensors))), 1, [liveness.state(t.grad_fn).alive for t in f.tensors])
+                    for f in findings
+                ]
+                del findings, liveness
+            return self._act(leaks, mode, _ended_at(where), f" after {what} ended")
+        finally:
+            with self._lock:
+                self._spent += _clock() - start
+                self._counts["audits"] += 1
+
+    def _repair(self, leak: Leak, frame: Any, ended: str = "") -> None:
         finding = leak.finding
         done = repair(
             [finding.paths[i] for i in leak.leaking], [finding.tensors[i] for i in leak.leaking], leak.alive
@@ -408,7 +459,7 @@ class Watcher:
             _stats.count_at(STORE, finding.key, done.detached, done.released, retention.pinned_bytes)
         self._note([leak], done.outcome, repaired=done.released, why=done.why)
         if done.outcome != REPAIRED and _stats.claim_warning(STORE, finding.key, done.outcome):
-            warn_at(_unrepaired_message(leak, done), GraphRetentionWarning, frame)
+            _warn(_unrepaired_message(leak, done, ended), frame)
 
     def _note(self, leaks: Iterable[Leak], outcome: str, repaired: int = 0, why: str = "") -> None:
         with self._lock:
@@ -417,11 +468,13 @@ class Watcher:
                 entry = self._history.get(leak.finding.key)
                 if entry is None:
                     entry = self._history[leak.finding.key] = HolderHistory(leak.finding.key, _named(r), r.fix)
+                    entry.found_at = self._counts["boundaries"]
                 entry.path, entry.fix, entry.tensors, entry.pinned_bytes = _named(r), r.fix, r.tensors, r.pinned_bytes
                 entry.nodes, entry.node_bytes, entry.alive = r.nodes, r.node_bytes, any(leak.alive)
                 entry.survived = max(entry.survived, leak.survived)
                 entry.audits += 1
                 entry.repaired += repaired
+                self._released += repaired
                 entry.outcome, entry.why = outcome, why
 
     # ---------------------------------------------------------------------------------------------
@@ -522,6 +575,18 @@ class Watcher:
         )
 
 
+def _ended_at(where: tuple[str, int] | None) -> Any:
+    return where if where is not None else user_frame()
+
+
+def _warn(message: str, at: Any) -> None:
+    """A :class:`GraphRetentionWarning` at a frame, or at ``(file, line)``."""
+    if isinstance(at, tuple):
+        warnings.warn_explicit(message, GraphRetentionWarning, at[0], at[1])
+    else:
+        warn_at(message, GraphRetentionWarning, at)
+
+
 def _parameter_ids(optimizers: tuple[Any, ...], alive: list[Any]) -> tuple[frozenset[int], frozenset[int]]:
     """The ids of the parameters ``optimizers`` update, and of those every live optimizer updates."""
     own = frozenset(id(p) for o in optimizers for group in o.param_groups for p in group["params"])
@@ -565,22 +630,27 @@ def _state(leak: Leak) -> str:
     return "its graph is dead: no backward can use it"
 
 
-def _figures(r: Retention, survived: int) -> str:
-    return (
+def _figures(r: Retention, survived: int, ended: str = "") -> str:
+    pinned = (
         f"{_plural(r.tensors, 'tensor')}, {human(r.pinned_bytes)} of tensors and {nodes_text(r.nodes, r.node_bytes)} "
-        f"graph nodes pinned, alive for {_plural(survived, 'step boundary')}"
+        "graph nodes pinned"
     )
+    return pinned if ended else f"{pinned}, alive for {_plural(survived, 'step boundary')}"
 
 
-def _warn_message(leak: Leak) -> str:
+def _across(ended: str) -> str:
+    return ended or " across step boundaries"
+
+
+def _warn_message(leak: Leak, ended: str = "") -> str:
     r = leak.finding.retention
     return (
-        f"gradguard: {_named(r)} keeps an autograd graph across step boundaries ({_figures(r, leak.survived)}; "
+        f"gradguard: {_named(r)} keeps an autograd graph{_across(ended)} ({_figures(r, leak.survived, ended)}; "
         f"{_state(leak)}); fix: {r.fix}"
     )
 
 
-def _unrepaired_message(leak: Leak, done: Repair) -> str:
+def _unrepaired_message(leak: Leak, done: Repair, ended: str = "") -> str:
     r = leak.finding.retention
     if done.outcome == LIVE:
         what = "still usable for backward: not repaired (detaching it could change a gradient)"
@@ -589,22 +659,22 @@ def _unrepaired_message(leak: Leak, done: Repair) -> str:
     else:
         what = f"cannot be repaired in place: it is held through {done.why}"
     return (
-        f"gradguard: {_named(r)} keeps an autograd graph across step boundaries ({_figures(r, leak.survived)}); "
+        f"gradguard: {_named(r)} keeps an autograd graph{_across(ended)} ({_figures(r, leak.survived, ended)}); "
         f"{what}; fix: {r.fix}"
     )
 
 
-def _raise_message(leaks: list[Leak]) -> str:
+def _raise_message(leaks: list[Leak], ended: str = "") -> str:
     total = sum(leak.finding.retention.pinned_bytes for leak in leaks)
     nodes = sum(leak.finding.retention.node_bytes for leak in leaks)
+    completed = "" if ended else "; the optimizer step itself completed"
     lines = [
-        f"gradguard: {_plural(len(leaks), 'holder')} {'keeps' if len(leaks) == 1 else 'keep'} autograd graphs "
-        f"across step boundaries ({human(total)} of tensors and ~{human(nodes)} of graph nodes pinned); "
-        "the optimizer step itself completed:"
+        f"gradguard: {_plural(len(leaks), 'holder')} {'keeps' if len(leaks) == 1 else 'keep'} autograd graphs"
+        f"{_across(ended)} ({human(total)} of tensors and ~{human(nodes)} of graph nodes pinned){completed}:"
     ]
     for leak in leaks:
         r = leak.finding.retention
-        lines.append(f"  {_named(r)}: {_figures(r, leak.survived)}; {_state(leak)}; fix: {r.fix}")
+        lines.append(f"  {_named(r)}: {_figures(r, leak.survived, ended)}; {_state(leak)}; fix: {r.fix}")
     return "\n".join(lines)
 
 

@@ -5,13 +5,18 @@ It lives outside the ``gradguard`` package so that loading it imports neither gr
 * ``--gradguard=MODE`` runs the whole session inside ``gradguard.enforce(mode=MODE)``: with
   ``--gradguard=raise`` every guarded store and engine adapter becomes a failure point.
 * ``@pytest.mark.gradguard(mode="raise", engines="auto", stores=None)`` does the same for one test.
-* ``--gradguard-audit=N`` runs the whole session inside ``gradguard.watch(every=N, mode="raise")``:
-  a graph that outlives an optimizer step fails the test whose ``optimizer.step()`` found it.
-  ``N`` is a positive whole number or ``auto``. The watch's mode is ``--gradguard``'s when given.
+* ``--gradguard-audit=N`` (``N``: a positive whole number, or ``auto``) watches the whole session in
+  ``raise`` mode (``--gradguard``'s mode when given): inside each test, ``gradguard.watch(every=N)``
+  at its optimizer steps (``auto``: when memory grows, see ``gradguard.watch``); and at each
+  test's end, after its teardown, one look at the heap for graphs the test made that are still
+  alive: nothing a test made should outlive it. A graph that does fails that test (``raise``: an
+  error in its teardown), or warns at the test's line (``warn``).
 * ``@pytest.mark.gradguard(audit=N)`` does the same for one test (inside the marker's
-  ``enforce(...)``; the watch's mode is the marker's ``mode`` when given, else ``raise``). A test's
-  marker wins over the session's option: the session's watch steps aside while that test runs.
+  ``enforce(...)``; the mode is the marker's ``mode`` when given, else ``raise``). A test's marker
+  wins over the session's option: the session's watch steps aside while that test runs.
 * The ``gradguard_probe`` fixture is a :class:`gradguard.testing.MemoryProbe` (CPU) around the test.
+
+A test whose call failed is not checked at its end: its traceback keeps its locals.
 
 Without an option, the marker or the fixture nothing changes, and gradguard (and torch) is not
 even imported.
@@ -27,6 +32,8 @@ import pytest
 
 _SESSION_KEY = pytest.StashKey[Any]()
 _WATCH_KEY = pytest.StashKey[Any]()
+_TEST_KEY = pytest.StashKey[Any]()  # this test's watch (the marker's, or the session's) and its mark
+_FAILED_KEY = pytest.StashKey[bool]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,7 +48,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="N",
         default=None,
         help="run the session inside gradguard.watch(every=N, mode='raise'): a graph that outlives an "
-        "optimizer step fails the test (N: a positive whole number, or auto)",
+        "optimizer step, or the test that made it, fails the test (N: a positive whole number, or auto)",
     )
 
 
@@ -49,7 +56,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "gradguard(mode=None, engines='auto', stores=None, audit=None): run this test inside "
-        "gradguard.enforce(...); audit=N: and inside gradguard.watch(every=N, mode=mode or 'raise')",
+        "gradguard.enforce(...); audit=N: and inside gradguard.watch(every=N, mode=mode or 'raise'), "
+        "and fail it when a graph it made outlives it",
     )
     mode = config.getoption("--gradguard")
     if mode is not None:
@@ -86,22 +94,50 @@ def _unconfigure(config: pytest.Config) -> None:
             del config.stash[key]
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+def _marker(item: pytest.Item) -> tuple[dict[str, Any], Any] | None:
+    """The test's gradguard marker: ``(enforce's keywords, audit)``, or ``None`` without one."""
     marker = item.get_closest_marker("gradguard")
     if marker is None:
-        return (yield)
-    import gradguard
-
+        return None
     if marker.args:
         raise pytest.UsageError(f"{item.nodeid}: use @pytest.mark.gradguard(mode=...), with keywords only")
     kwargs = dict(marker.kwargs)
-    audit = kwargs.pop("audit", None)
+    return kwargs, kwargs.pop("audit", None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    result = yield
+    marker = item.get_closest_marker("gradguard")
+    audit = None if marker is None or marker.args else marker.kwargs.get("audit")
+    watching: Any = item.config.stash.get(_WATCH_KEY, None)
+    if audit is not None:
+        import gradguard
+
+        try:
+            watching = gradguard.watch(every=audit, mode=marker.kwargs.get("mode") or "raise")  # type: ignore[union-attr]
+        except gradguard.GradGuardError as exc:
+            item.stash[_TEST_KEY] = (exc, None)  # the test's call fails with it, as any bad marker argument
+            return result
+    if watching is not None:  # after the fixtures: what they made belongs to them, not to the test
+        item.stash[_TEST_KEY] = (watching, watching.watcher.mark())
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    marked = _marker(item)
+    if marked is None:
+        return (yield)
+    import gradguard
+
+    kwargs, audit = marked
     if audit is None:
         with gradguard.enforce(**kwargs):
             return (yield)
-    # The watch is made first: a bad audit fails the test before anything is entered.
-    watching = gradguard.watch(every=audit, mode=kwargs.get("mode") or "raise")
+    watching, mark = item.stash[_TEST_KEY]
+    if mark is None:
+        raise watching
     with contextlib.ExitStack() as scopes:
         session = item.config.stash.get(_WATCH_KEY, None)
         if session is not None:  # the test's own watch replaces the session's for its duration
@@ -110,6 +146,26 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         scopes.enter_context(gradguard.enforce(audit=0, **kwargs))  # this watch, not GRADGUARD_AUDIT's
         scopes.enter_context(watching)
         return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    report = yield
+    if call.when == "call" and report.failed:
+        item.stash[_FAILED_KEY] = True
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    result = yield
+    watching, mark = item.stash.get(_TEST_KEY, (None, None))
+    if mark is not None and not item.stash.get(_FAILED_KEY, False):
+        del item.stash[_TEST_KEY]
+        path, line, _ = item.location
+        where = (str(item.config.rootpath / path), (line or 0) + 1)
+        watching.watcher.outlived(mark, f"test {item.nodeid}", where)
+    return result
 
 
 @pytest.fixture

@@ -101,3 +101,70 @@ def test_help_lists_the_option_and_the_marker_argument(pytester: pytest.Pytester
     result.stdout.fnmatch_lines(["*--gradguard-audit=N*gradguard.watch(every=N, mode='raise')*"])
     result = pytester.runpytest("--markers")
     result.stdout.fnmatch_lines(["@pytest.mark.gradguard(mode=None, engines='auto', stores=None, audit=None)*"])
+
+
+OUTLIVED = """
+import pytest
+import torch
+from unittest import mock
+
+HISTORY = []
+
+
+class Model(torch.nn.Module):
+    _losses = []  # a class attribute: shared by every test that makes a Model
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def step(self, opt):
+        loss = self.layer(torch.randn(2, 4)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+
+@pytest.fixture(scope="module")
+def cached():
+    return torch.nn.Linear(4, 1)(torch.ones(1, 4))  # a module fixture's graph: the fixture's, not a test's
+
+
+def test_clean(cached):
+    model = Model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        model.step(opt)
+
+
+def test_class_level_list(cached):
+    model = Model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    Model._losses.append(model.step(opt))
+
+
+def test_mock_history():
+    model = Model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    spy = mock.MagicMock(wraps=lambda loss: None)
+    HISTORY.append(spy)
+    spy(model.step(opt))
+
+
+def test_failing_keeps_its_traceback():
+    loss = torch.ones(2, requires_grad=True) * 2
+    assert loss is None
+"""
+
+
+def test_a_graph_a_test_made_and_left_alive_is_reported_at_its_end(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_outlived=OUTLIVED)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--gradguard-audit=auto", "--gradguard=warn")
+    result.assert_outcomes(passed=3, failed=1)  # the failing test fails on its own: no check at its end
+    out = result.stdout.str()
+    assert "test_outlived:Model._losses[0] keeps an autograd graph after test test_outlived.py::test_class_level_list" in out
+    assert "test_outlived:HISTORY[0]._mock_call_args_list" in out
+    assert "test_clean" not in out.split("warnings summary")[-1]  # the module fixture's graph is the fixture's
+    raised = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--gradguard-audit=auto", "-k", "class_level")
+    raised.assert_outcomes(passed=1, errors=1)  # raise: the test errors in its teardown
+    assert "gradguard.GraphRetentionError" in raised.stdout.str()

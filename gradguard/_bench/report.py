@@ -6,7 +6,7 @@ from typing import Any
 
 from .. import _table
 
-__all__ = ["plot", "table", "verdicts"]
+__all__ = ["late_plot", "late_table", "late_verdicts", "plot", "table", "verdicts"]
 
 MiB = 2**20
 
@@ -89,6 +89,96 @@ def plot(report: dict[str, Any], path: str) -> None:
         ax.set_ylabel("allocated (MiB)")
         ax.legend()
     fig.suptitle(f"gradguard bench — {report['device']}, torch {report['torch']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------------------
+# --late-leak
+# --------------------------------------------------------------------------------------------------
+
+REPORT_WITHIN = 5  # boundaries from a leak's first step to the audit that finds it
+CLEAN_SHARE = 0.002  # the watch's share of a clean run's wall time, trigger on
+TRIGGER_EXTRA = 2  # audits the trigger may add to a clean run
+
+
+def late_verdicts(result: dict[str, Any]) -> list[tuple[str, bool, str]]:
+    """``(check, passed, detail)`` per target of the late-leak measurement, for one scenario."""
+    start, watched, clean = result["leak_start"], result["watched"], result["clean"]["watched"]
+    reported = watched["reported_at"]
+    grown = {run: result[run]["memory"][-1] - result[run]["memory"][start - 1] for run in ("unwatched", "watched")}
+    return [
+        (
+            f"reported within {REPORT_WITHIN} boundaries of the leak's start",
+            reported is not None and reported - start <= REPORT_WITHIN,
+            f"started at step {start}, reported at {reported}",
+        ),
+        (
+            "repaired in detach mode: grown since the leak's start < 25% of the unwatched run's",
+            watched["outcome"] == "repaired" and grown["watched"] < 0.25 * grown["unwatched"],
+            f"{watched['outcome']}; {grown['watched'] / MiB:+.1f} MiB vs {grown['unwatched'] / MiB:+.1f} MiB unwatched",
+        ),
+        (
+            f"clean run: the watch's share of the wall time ≤ {CLEAN_SHARE:.1%}",
+            clean["share"] <= CLEAN_SHARE,
+            f"{clean['share']:.3%} ({clean['audits']} audits, {clean['read_s'] * 1e3:.1f} ms of readings)",
+        ),
+        (
+            f"clean run: the trigger adds ≤ {TRIGGER_EXTRA} audits to the backstop's",
+            clean["memory_audits"] <= TRIGGER_EXTRA,
+            f"{clean['memory_audits']} by the trigger, {clean['backstop_audits']} by the backstop",
+        ),
+    ]
+
+
+def late_table(report: dict[str, Any]) -> str:
+    """The late-leak figures of every scenario, and the verdicts."""
+    header = ("scenario", "leak from", "reported at", "outcome", "clean step", "clean share", "audits (trigger)")
+    rows = []
+    for name, r in report["late_leak"].items():
+        clean = r["clean"]["watched"]
+        rows.append(
+            (
+                name,
+                str(r["leak_start"]),
+                str(r["watched"]["reported_at"]),
+                str(r["watched"]["outcome"]),
+                f"{r['clean']['unwatched']['step_s'] * 1e3:.2f} ms",
+                f"{clean['share']:.3%}",
+                f"{clean['audits']} ({clean['memory_audits']})",
+            )
+        )
+    lines = _table.text(header, rows).splitlines()
+    for name, r in report["late_leak"].items():
+        for check, ok, detail in late_verdicts(r):
+            lines.append(f"  {name}: {'ok' if ok else 'MISSED'}  {check}: {detail}")
+    return "\n".join(lines)
+
+
+def late_plot(report: dict[str, Any], path: str) -> None:
+    """Memory after each step, unwatched vs watched (detach), with the leak's start and its report."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["late_leak"])
+    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        r = report["late_leak"][name]
+        for run, style in (("unwatched", "-"), ("watched", "--")):
+            values = r[run]["memory"]
+            base = values[0] if values else 0
+            ax.plot(range(1, len(values) + 1), [(v - base) / MiB for v in values], style, label=run)
+        ax.axvline(r["leak_start"], color="grey", linestyle=":", label="leak starts")
+        if r["watched"]["reported_at"] is not None:
+            ax.axvline(r["watched"]["reported_at"], color="red", linestyle=":", label="reported and repaired")
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.set_ylabel("in use since step 1 (MiB)")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"gradguard bench --late-leak — {report['device']}, torch {report['torch']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
