@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from ._paths import MODULE_STATE, Edge, Path, frame_locals, is_a
+from ._roots import NamedRoot, live_roots
 
 __all__ = ["find_paths", "live_graph_tensors", "own_code", "running_thread"]
 
@@ -52,6 +53,7 @@ _SWEEP_CHUNK = 1024
 _FRAMES_TRAVERSE_LOCALS = sys.version_info < (3, 11)  # before 3.11 a running frame is a referrer of its locals
 
 _GENERATORS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)
+_HEAP_ROOTS = ("named", "global")  # roots that hold a target for good, by preference; gradguard._roots (issue 18)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -154,11 +156,12 @@ class _Search:
         self.parents: dict[int, list[int]] = {}
         self.below: dict[int, int] = {}  # id -> bitmask of the targets it leads to
         self.roots: dict[int, str] = {}  # id -> "global" (a module's globals) or "local" (a thread's frame local)
+        self.named: dict[int, NamedRoot] = {}  # gradguard._roots: id -> its root, a "named" root (issue 18)
         self.locals: dict[int, list[tuple[int, str]]] = {}  # id(value) -> [(frame index, name)]
         self.frames: list[types.FrameType] = []
         self.modules: dict[int, types.ModuleType] = {}  # id(module.__dict__) -> module
         self.held = 0  # targets a module global (not only a thread's frame local) reaches
-        for name in ("objects", "children", "parents", "below", "roots", "locals", "frames", "modules"):
+        for name in ("objects", "children", "parents", "below", "roots", "locals", "frames", "modules", "named"):
             self.mine.add(id(getattr(self, name)))
         self.targets = list(targets)
         self.own(self.targets)
@@ -170,7 +173,7 @@ class _Search:
             if isinstance(container, (list, dict, set)) and id(container) in self.mine:
                 container.clear()
         self.keep.clear()
-        for table in (self.objects, self.locals, self.frames, self.modules, self.targets, self.roots):
+        for table in (self.objects, self.locals, self.frames, self.modules, self.targets, self.roots, self.named):
             table.clear()
 
     def own(self, container: Any) -> Any:
@@ -189,6 +192,9 @@ class _Search:
             else:
                 self.modules.setdefault(id(namespace), module)
         self.excluded.add(id(gc.garbage))
+        for obj, root in self.own(live_roots()):  # gradguard._roots (issue 18): held by the list while we run
+            self.named[id(obj)] = root
+            self.excluded.add(id(root))
         for frame in _thread_frames():
             index = len(self.frames)
             self.frames.append(frame)
@@ -213,6 +219,9 @@ class _Search:
         self.below[oid] = bits
         self.children[oid] = []  # ids only: these lists refer to nothing the search climbs
         self.parents[oid] = []
+        if oid in self.named:  # gradguard._roots (issue 18): a root, not climbed further
+            self.roots[oid] = "named"
+            return True
         if oid in self.modules:
             self.roots[oid] = "global"
             return True
@@ -233,7 +242,7 @@ class _Search:
             if not new:
                 continue
             self.below[node] |= new
-            if self.roots.get(node) == "global":
+            if self.roots.get(node) in _HEAP_ROOTS:
                 self.held |= new
             stack.extend((p, new) for p in self.parents[node])
 
@@ -273,7 +282,7 @@ class _Search:
                     self.link(rid, kid)
                     self.spread(rid, self.below[kid])
             frontier = self.own(
-                [r for r in new if self.roots.get(id(r)) != "global" and self.below[id(r)] & ~self.held]
+                [r for r in new if self.roots.get(id(r)) not in _HEAP_ROOTS and self.below[id(r)] & ~self.held]
             )
 
     def referrers(self, frontier: list[Any], frontier_ids: set[int]) -> list[Any]:
@@ -299,11 +308,12 @@ class _Search:
         thread's frame local only where no global reaches."""
         via: dict[int, int | None] = {}
         queue: collections.deque[int] = collections.deque()
-        for oid, kind in self.roots.items():
-            if kind == "global":
-                via[oid] = None
-                queue.append(oid)
-        self._walk(queue, via)
+        for first in _HEAP_ROOTS:  # gradguard._roots (issue 18): named roots first, then module globals
+            for oid, kind in self.roots.items():
+                if kind == first and oid not in via:
+                    via[oid] = None
+                    queue.append(oid)
+            self._walk(queue, via)
         for oid, kind in self.roots.items():
             if kind == "local" and oid not in via:
                 via[oid] = None
@@ -382,6 +392,9 @@ def _describe(chain: list[Any], search: _Search) -> Path | None:
             return None
         edges.append(Edge(owner, "cell", free))
         i += 3
+    elif search.roots[id(owner)] == "named":  # gradguard._roots (issue 18): the path starts at the object
+        root = search.named[id(owner)]
+        edges.append(Edge(root, "named", root.name))
     elif search.roots[id(owner)] == "local":
         index, name = search.locals[id(owner)][0]
         edges.append(Edge(search.frames[index], "local", name))

@@ -32,7 +32,7 @@ __all__ = [
     "write",
 ]
 
-ROOT_KINDS = frozenset({"global", "local", "cell"})
+ROOT_KINDS = frozenset({"global", "local", "cell", "named"})  # named: gradguard._roots (issue 18)
 MODULE_STATE = ("_modules", "_parameters", "_buffers")
 _CO_OPTIMIZED = 0x0001  # inspect.CO_OPTIMIZED: a function frame, whose f_locals is a snapshot (< 3.13)
 _SNAPSHOT_LOCALS = sys.version_info < (3, 13)  # 3.13 (PEP 667): f_locals is a proxy that holds nothing
@@ -52,6 +52,8 @@ class Edge:
                 finished one a traceback holds (mid-path)
     ``cell``    a function / the free variable's name (the path    that closure cell's contents
                 is named from it)
+    ``named``   a :class:`gradguard._roots.NamedRoot` / its name    the object it names (a root,
+                (``self``), spelled after its label                 preferred over module globals)
     ``class``   a class / the attribute's name                     ``vars(owner)[key]``
     ``attr``    an object / the attribute's name                   ``vars(owner)[key]``; for an
                                                                    ``nn.Module`` also its
@@ -158,6 +160,8 @@ def read(edge: Edge) -> Any:
         return owner.__closure__[owner.__code__.co_freevars.index(key)].cell_contents
     if kind == "key":
         return list(owner)[key]
+    if kind == "named":  # gradguard._roots (issue 18)
+        return owner.resolve()
     raise LookupError(f"an edge of kind {kind!r} cannot be read back")
 
 
@@ -214,6 +218,8 @@ def _spell_root(edge: Edge, wildcard: bool) -> str:
         return f"closure of {owner.__module__}:{owner.__qualname__}: {key}"
     if kind == "local":
         return f"{frame_where(owner, line=not wildcard)}: {key}"
+    if kind == "named":  # gradguard._roots (issue 18): "actor Trainer: self"
+        return f"{owner.label}: {key}"
     return f"<{kind}>"
 
 

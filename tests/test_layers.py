@@ -9,7 +9,7 @@ from pathlib import Path
 import gradguard
 
 LAYERS: list[set[str]] = [
-    {"_errors", "_containers", "_tree", "_graph", "_paths", "_holders"},  # the tree walk and graph inspection
+    {"_errors", "_containers", "_tree", "_graph", "_paths", "_roots", "_holders"},  # the tree walk and graph inspection
     {"_policy", "_site", "_stats", "_message", "_table"},  # policy: modes, call site, stats, messages
     {"_publish"},  # the publish boundary
     {"_offload", "_store", "_contract", "_arguments", "_wrapper", "_results", "_step", "engines"},  # on top
@@ -23,6 +23,7 @@ LAYERS: list[set[str]] = [
         "_memory",
         "_doctor",
         "_cli",
+        "_launch",
         "_bench",
         "__init__",
         "__main__",
