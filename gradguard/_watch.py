@@ -95,7 +95,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Literal
 
 import torch
@@ -298,6 +298,7 @@ class Watcher:
         self._counts = {"boundaries": 0, "audits": 0}
         self._spent = 0.0
         self._started: float | None = None
+        self._listeners: list[Callable[[Watcher, BaseException | None], None]] = []
 
     def __repr__(self) -> str:
         return f"gradguard.Watcher(every={self.every!r}, mode={self.mode!r})"
@@ -343,8 +344,12 @@ class Watcher:
             state.sequence = sequence
             return None
         state.busy = True
+        raised: BaseException | None = None
         try:
             return self._audit(own, mode)
+        except BaseException as exc:
+            raised = exc
+            raise
         finally:
             cost = _clock() - now
             state.busy = False
@@ -354,6 +359,9 @@ class Watcher:
             with self._lock:
                 self._spent += cost
                 self._counts["audits"] += 1
+            for listener in list(self._listeners):  # on_audit (issue 18)
+                listener(self, raised)
+            raised = None
 
     def _state(self) -> _ThreadState:
         try:
@@ -430,6 +438,14 @@ class Watcher:
                 entry.audits += 1
                 entry.repaired += repaired
                 entry.outcome = outcome
+
+    def on_audit(self, listener: Callable[[Watcher, BaseException | None], None]) -> None:
+        """Call ``listener(watcher, error)`` after each audit, in the auditing thread, with the counts
+        and :meth:`history` already updated; ``error`` is the exception the audit is about to raise
+        (a :class:`GraphRetentionError` in ``raise`` mode) or ``None``. An exception from the listener
+        propagates out of ``optimizer.step()``: a listener handles its own. ``gradguard run`` writes
+        each process's report from here, before a ``raise`` can end the process."""
+        self._listeners.append(listener)
 
     # ---------------------------------------------------------------------------------------------
 
