@@ -10,7 +10,9 @@ Ray's public runtime context says whether this process is an actor (``get_actor_
 itself is read, without changing anything, from the worker object the context holds
 (``ray.get_runtime_context().worker.actors[worker.actor_id]``, Ray 2.x), which Ray does not document:
 a release that moves it gives no instance, and the paths fall back to what they were. Ray is never
-imported here: a process that has not imported it is not an actor.
+imported here (a process that has not imported it is not an actor), and never initialised: nothing
+here is asked of Ray unless ``ray.is_initialized()``, since Ray's public calls start a local cluster
+when none is connected (a driver's report written at exit, after ``ray.shutdown()``, did).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def current() -> tuple[Any, str] | None:
     if ray is None:
         return None
     try:
+        if not ray.is_initialized():  # first: get_runtime_context() would start a Ray cluster (auto-init)
+            return None
         context = ray.get_runtime_context()
         if context.get_actor_id() is None:
             return None
