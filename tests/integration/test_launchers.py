@@ -1,8 +1,9 @@
 """``gradguard run`` reaches every process that trains, through real launchers: torchrun (gloo, 2 ranks),
-``accelerate launch`` (2 CPU processes), multiprocessing fork and spawn children, a Ray actor in a
-local cluster the driver starts. Each leaking run must give a finding from the training process,
-tagged with its rank (or actor, or pid), in one merged summary, and exit non-zero under ``--mode
-raise``; a clean run exits 0 and says what it checked.
+``accelerate launch`` (2 CPU processes), deepspeed's launcher (2 CPU ranks), multiprocessing fork and
+spawn children, a Ray actor in a local cluster the driver starts (and through ``runtime_env``). Each
+leaking run must give a finding from the training process, tagged with its rank (or actor, or pid), in
+one merged summary, and exit non-zero under ``--mode raise``; a clean run exits 0 and says what it
+checked.
 
 Each test is one ``gradguard run`` of the README's "Launchers" line (with a free port and a run folder
 of the test's own); the launchers' start-up dominates, so the programs train three tiny steps.
@@ -211,6 +212,17 @@ def test_accelerate_launch_two_cpu_processes(tmp_path: Path) -> None:
     run = _run(tmp_path, "train.py", ACCELERATE, *command)
     assert run["code"] != 0, run["err"]
     assert _rows(run["summary"], "holder")[0][:2] == ["__main__:losses[*]", "ranks 0-1 of 2"]
+    assert sorted(r["label"] for r in _trainers(run["reports"])) == ["rank 0/2", "rank 1/2"]
+
+
+def test_deepspeed_launcher_two_cpu_ranks(tmp_path: Path) -> None:
+    require_engine("deepspeed")  # optional: CI installs it; the launcher runs on CPU with DeepSpeed's CPU accelerator
+    require_gloo()
+    command = ["deepspeed", "--num_gpus", "2", "--master_port", str(_free_port()), "train.py", "--leak"]
+    run = _run(tmp_path, "train.py", DDP, *command)
+    assert run["code"] != 0, run["err"]
+    assert "[rank 0/2, pid " in run["err"] or "[rank 1/2, pid " in run["err"]
+    assert _rows(run["summary"], "holder")[0][:2] == ["__main__:KEPT[*]", "ranks 0-1 of 2"]
     assert sorted(r["label"] for r in _trainers(run["reports"])) == ["rank 0/2", "rank 1/2"]
 
 
