@@ -304,3 +304,28 @@ def test_a_bad_run_audit_is_said_and_reported_not_raised_into_import_torch(tmp_p
 def test_the_bootstrap_names_the_same_variable_as_the_settings() -> None:
     source = Path(_settings.BOOTSTRAP, "sitecustomize.py").read_text()
     assert f'_REPORT_DIR = "{_settings.REPORT_DIR}"' in source
+
+
+def test_the_committed_start_up_cost_meets_its_budget_and_names_its_machine() -> None:
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    doc = json.loads((results / "launch-cpu.json").read_text())
+    assert doc["machine_line"] in (results / "launch-cpu.md").read_text()
+    (case,) = [c for c in doc["cases"] if c["case"] == "pass"]
+    assert case["rounds"] >= 21 and case["paired_median_ms"] <= case["budget_ms"] == 20.0
+
+
+def test_the_start_up_benchmark_quick_run(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    out, md = tmp_path / "launch.json", tmp_path / "launch.md"
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.launch", "--quick", "--json", str(out), "--md", str(md)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(out.read_text())
+    assert doc["machine_line"] in md.read_text()
+    assert [(c["case"], c["rounds"]) for c in doc["cases"]] == [("pass", 5), ("import torch", 1)]
+    assert [c["reports_written"] for c in doc["cases"]] == [0, 2]  # `pass` is never reached; `import torch` is
