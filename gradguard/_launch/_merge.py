@@ -220,7 +220,7 @@ def _watch(reports: list[dict[str, Any]]) -> str:
             "outcome",
             "fix",
         )
-        body = [
+        body: list[tuple[str, ...]] = [
             (
                 display(m["path"] if len(m["labels"]) == 1 else m["holder"]),
                 _who(m["labels"], m["reports"]),

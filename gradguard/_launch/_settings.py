@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from .._errors import GradGuardError
 from .._policy import ENV_VAR as MODE
 from .._watch import AUDIT_ENV, Every, parse_audit
 
@@ -47,7 +48,7 @@ class Settings:
         self.every: Every | None = None
         try:
             self.every = parse_audit(environ.get(AUDIT) or "auto", what=AUDIT)
-        except Exception as exc:  # noqa: BLE001 - reported, never raised into the program's `import torch`
+        except GradGuardError as exc:  # reported, never raised into the program's `import torch`
             self.error = str(exc)
         parent = environ.get(PARENT, "")
         self.parent = int(parent) if parent.isdigit() else None

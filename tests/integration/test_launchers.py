@@ -207,8 +207,7 @@ def test_accelerate_launch_two_cpu_processes(tmp_path: Path) -> None:
     port = f"--main_process_port={_free_port()}"
     # On a machine without a GPU, accelerate's multi-process launcher is the one named --multi_gpu (torchrun
     # underneath); --cpu alone starts one process. Accelerator(cpu=True) in the script keeps it on the CPU.
-    command = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
-    command += ["--mixed_precision", "no", "--dynamo_backend", "no", port, "train.py", "--leak"]
+    command = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", port, "train.py", "--leak"]
     run = _run(tmp_path, "train.py", ACCELERATE, *command)
     assert run["code"] != 0, run["err"]
     assert _rows(run["summary"], "holder")[0][:2] == ["__main__:losses[*]", "ranks 0-1 of 2"]
@@ -276,7 +275,7 @@ def test_a_ray_actor_in_a_local_cluster(tmp_path: Path, how: str) -> None:
     ray_tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's socket paths must stay short
     try:
         if how == "gradguard run":  # the driver starts the cluster: its workers inherit the environment
-            run = _run(tmp_path, "driver.py", RAY, "driver.py", "--leak", RAY_TMP=ray_tmp)
+            run = _run(tmp_path, "driver.py", RAY, "python", "driver.py", "--leak", RAY_TMP=ray_tmp)
         else:
             run = _ray_recipe(tmp_path, ray_tmp)
     finally:
