@@ -24,6 +24,7 @@ import pytest
 from _helpers import env
 
 from gradguard import _cli, _enforce
+from gradguard._launch._settings import python_path
 
 LEAKY = """
 import sys
@@ -362,3 +363,17 @@ def test_gradguard_env_then_gradguard_report_as_a_cluster_job_would(tmp_path: Pa
         "GRADGUARD_REPORT_DIR": str(tmp_path / "other"),
         "GRADGUARD_RUN_AUDIT": "auto",
     }
+
+
+def test_gradguard_run_inside_a_reached_process_reports_only_its_command(tmp_path: Path) -> None:
+    """``torchrun -m gradguard run train.py`` under an outer run, or with ``gradguard env`` exported: the inner
+    gradguard run imports torch, so the bootstrap reaches it, but it only launches: no report of its own."""
+    (tmp_path / "train.py").write_text(LEAKY)
+    outer, inner = tmp_path / "outer", tmp_path / "inner"
+    armed = python_path(os.environ.get("PYTHONPATH"))  # the bootstrap first, as an outer run exports it
+    outer_run = {"PYTHONPATH": armed, "GRADGUARD_REPORT_DIR": str(outer)}
+    run = _gradguard("run", "--report-dir", str(inner), "train.py", "2", cwd=tmp_path, **outer_run)
+    assert run.returncode == 0, run.stderr
+    assert list(outer.glob("report-*.json")) == []
+    (report,) = [json.loads(p.read_text()) for p in inner.glob("report-*.json")]
+    assert report["top"] and report["boundaries"] == 2
