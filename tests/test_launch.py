@@ -329,3 +329,11 @@ def test_the_start_up_benchmark_quick_run(tmp_path: Path) -> None:
     assert doc["machine_line"] in md.read_text()
     assert [(c["case"], c["rounds"]) for c in doc["cases"]] == [("pass", 5), ("import torch", 1)]
     assert [c["reports_written"] for c in doc["cases"]] == [0, 2]  # `pass` is never reached; `import torch` is
+
+
+def test_the_command_itself_with_a_rank_says_which_rank() -> None:
+    """``torchrun -m gradguard run train.py`` and ``srun gradguard run train.py``: one summary per rank."""
+    merged = _merge.merge([_rank(1, top=True, boundaries=2, audits=2, holders=[_holder(0)])])
+    lines = merged.text.splitlines()
+    assert lines[1].startswith("gradguard watch: 2 step boundaries, 2 audited, in 1 process; 1 holder kept")
+    assert lines[4].split()[:3] == ["__main__:KEPT[0]", "rank", "1"]

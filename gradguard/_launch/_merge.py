@@ -157,7 +157,9 @@ def _watch(reports: list[dict[str, Any]]) -> str:
     boundaries = sum(int(r.get("boundaries", 0)) for r in reports)
     audits = sum(int(r.get("audits", 0)) for r in reports)
     seconds = sum(float(r.get("audit_seconds", 0.0)) for r in reports)
-    many = len(reports) > 1 or not reports[0].get("top")  # one process, not the command itself: say which
+    first = reports[0]
+    # one process: the command itself reads as gradguard run always printed, unless it has a rank or is an actor
+    many = len(reports) > 1 or not first.get("top") or first.get("rank") is not None or first.get("actor") is not None
     head = f"gradguard watch: {_plural(boundaries, 'step boundary')}, {audits} audited"
     if many:
         head += f", in {_plural(len(reports), 'process')}"
