@@ -220,18 +220,19 @@ def test_a_fork_child_counts_from_the_fork_on() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         kept = _leaky_steps(watcher, 3)  # the parent's own leak, found at its third boundary
-        base = _report.Baseline.of(watcher, {})
+        base = _report.Baseline.of(watcher, watcher.history(), {})
         kept += _leaky_steps(watcher, 2)  # the child's: the same holder, audited again
     del kept
     identity = _identity.identify({})
     report = _report.content(
-        identity, top=False, every=1, mode="warn", watcher=watcher, stats={}, base=base, at_exit=False, error=None
-    )
+        identity, top=False, every=1, mode="warn", watcher=watcher, history=watcher.history(), stats={}, base=base,
+        at_exit=False, error=None,
+    )  # fmt: skip
     assert (report["boundaries"], report["audits"]) == (2, 2)
     assert [(h["audits"], h["outcome"]) for h in report["holders"]] == [(2, "warned")]
     untouched = _report.content(
-        identity, top=False, every=1, mode="warn", watcher=watcher, stats={}, base=_report.Baseline.of(watcher, {}),
-        at_exit=False, error=None,
+        identity, top=False, every=1, mode="warn", watcher=watcher, history=watcher.history(), stats={},
+        base=_report.Baseline.of(watcher, watcher.history(), {}), at_exit=False, error=None,
     )  # fmt: skip
     assert (untouched["boundaries"], untouched["holders"]) == (0, [])
 

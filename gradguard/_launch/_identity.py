@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 from . import _actor
 
-__all__ = ["Identity", "identify"]
+__all__ = ["HOST", "Identity", "identify"]
 
 _SOURCES = (
     ("RANK", "WORLD_SIZE", "LOCAL_RANK"),
@@ -34,7 +34,7 @@ _SOURCES = (
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
 )
 
-_HOST = socket.gethostname() or "localhost"
+HOST = socket.gethostname() or "localhost"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,4 +104,4 @@ def identify(environ: Mapping[str, str] | None = None) -> Identity:
     group = _distributed()
     if group is not None:
         rank, world, source = group[0], group[1], "torch.distributed"
-    return Identity(os.getpid(), _HOST, rank, world, local, source, _actor.current_class())
+    return Identity(os.getpid(), HOST, rank, world, local, source, _actor.current_class())

@@ -28,10 +28,10 @@ from .._enforce import enforce
 from .._errors import GradGuardError
 from .._policy import get_mode
 from .._site import set_origin
-from .._stats import stats
-from .._watch import Watcher, stop_process_watch, watch
+from .._stats import SiteStats, stats
+from .._watch import HolderHistory, Watcher, stop_process_watch, watch
 from . import _actor
-from ._identity import identify
+from ._identity import HOST, Identity, identify
 from ._report import Baseline, content, file_name, write
 from ._settings import Settings
 
@@ -70,6 +70,7 @@ class _Process:
         self.retired = False
         self.at_exit = False
         self.said: set[str] = set()
+        self.last: tuple[list[HolderHistory], dict[tuple[str, str], SiteStats]] = ([], {})  # the last report's
         self.path = os.path.join(settings.report_dir, file_name(identify()))
 
     def start(self) -> None:
@@ -121,13 +122,17 @@ class _Process:
                 mode = "?"
                 if str(exc) not in self.errors:
                     self.errors.append(str(exc))
+            history = [] if self.watcher is None else self.watcher.history()
+            counted = dict(stats())
+            self.last = (history, counted)
             report = content(
                 identify(),
                 top=self.top(),
                 every=self.settings.every,
                 mode=mode,
                 watcher=self.watcher,
-                stats=stats(),
+                history=history,
+                stats=counted,
                 base=self.base,
                 at_exit=self.at_exit,
                 error="; ".join(self.errors) or None,
@@ -166,11 +171,12 @@ class _Process:
             self._say(f"gradguard: this process's report was not written at exit: {type(exc).__name__}: {exc}")
 
     def _forked(self) -> None:
+        """In the child, right after the fork: nothing here takes a lock (see ``Baseline``)."""
         self.lock = threading.Lock()  # another thread may have held the parent's at the fork
         self.forked = True
         self.at_exit = False
-        self.base = Baseline.of(self.watcher, stats())
-        self.path = os.path.join(self.settings.report_dir, file_name(identify()))
+        self.base = Baseline.of(self.watcher, *self.last)
+        self.path = os.path.join(self.settings.report_dir, file_name(Identity(os.getpid(), HOST)))
 
     def retire(self) -> None:
         with self.lock:

@@ -28,6 +28,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from .._stats import SiteStats
@@ -44,7 +45,14 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 @dataclasses.dataclass
 class Baseline:
-    """What a forked child's inherited watcher and stats held at the fork (all zero in any other process)."""
+    """What a forked child's inherited watcher and stats held at the fork (all zero in any other process).
+
+    The counts are read from the watcher at the fork (without a lock); the holders and the stats are
+    those of the parent's last report, passed in: reading them again would take locks that another
+    thread of the parent may have held at the fork (and a fork with ``preexec_fn`` runs this before
+    its ``exec``). Holders change only at audits, so theirs are exact; a guarded store's records
+    published since the parent's last report are counted as the child's.
+    """
 
     boundaries: int = 0
     audits: int = 0
@@ -53,21 +61,18 @@ class Baseline:
     stats: dict[tuple[str, str], SiteStats] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def of(cls, watcher: Watcher | None, stats: dict[tuple[str, str], SiteStats]) -> Baseline:
+    def of(
+        cls, watcher: Watcher | None, history: Sequence[HolderHistory], stats: dict[tuple[str, str], SiteStats]
+    ) -> Baseline:
         if watcher is None:
             return cls(stats=dict(stats))
-        return cls(
-            watcher.boundaries,
-            watcher.audits,
-            watcher.audit_seconds,
-            {h.holder: h for h in watcher.history()},
-            dict(stats),
-        )
+        holders = {h.holder: h for h in history}
+        return cls(watcher.boundaries, watcher.audits, watcher.audit_seconds, holders, dict(stats))
 
 
-def _holders(watcher: Watcher, base: Baseline) -> list[dict[str, Any]]:
+def _holders(history: Sequence[HolderHistory], base: Baseline) -> list[dict[str, Any]]:
     found = []
-    for entry in watcher.history():
+    for entry in history:
         before = base.holders.get(entry.holder)
         if before is not None:
             if entry.audits == before.audits:
@@ -102,12 +107,14 @@ def content(
     every: Every | None,
     mode: str,
     watcher: Watcher | None,
+    history: Sequence[HolderHistory],
     stats: dict[tuple[str, str], SiteStats],
     base: Baseline,
     at_exit: bool,
     error: str | None,
 ) -> dict[str, Any]:
-    """The report of this process now (see the module documentation for the fields)."""
+    """The report of this process now (see the module documentation for the fields); ``history`` is
+    ``watcher.history()`` and ``stats`` is :func:`gradguard.stats`, read by the caller."""
     report: dict[str, Any] = {"format": FORMAT, "version": VERSION, **identity.to_dict()}
     report.update(top=top, argv=list(sys.argv), every=every, mode=mode)
     if watcher is None:
@@ -117,7 +124,7 @@ def content(
             boundaries=watcher.boundaries - base.boundaries,
             audits=watcher.audits - base.audits,
             audit_seconds=round(max(0.0, watcher.audit_seconds - base.audit_seconds), 6),
-            holders=_holders(watcher, base),
+            holders=_holders(history, base),
         )
     report.update(stats=_stats(stats, base), at_exit=at_exit, error=error, written=time.time())
     return report
