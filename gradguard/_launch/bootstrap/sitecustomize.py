@@ -20,8 +20,17 @@ multiprocessing spawn children, Ray workers. The contract:
   without gradguard (``site`` reports it).
 """
 
+from __future__ import annotations
+
 import os
 import sys
+
+TYPE_CHECKING = False  # typing is not imported at start-up: the names below are for type checkers only
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPORT_DIR = "GRADGUARD_REPORT_DIR"  # gradguard._launch._settings.REPORT_DIR (a test keeps them equal)
@@ -31,21 +40,23 @@ class _Loader:
     """The module's own loader, then a call back: ``__loader__`` and ``__spec__.loader`` are the module's
     own again before its code runs."""
 
-    def __init__(self, loader, finder):
+    def __init__(self, loader: Any, finder: _WaitForTorch) -> None:
         self.loader = loader
         self.finder = finder
 
-    def create_module(self, spec):
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         create = getattr(self.loader, "create_module", None)
         return None if create is None else create(spec)
 
-    def exec_module(self, module):
-        module.__loader__ = module.__spec__.loader = self.loader
+    def exec_module(self, module: ModuleType) -> None:
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
         self.loader.exec_module(module)
         self.finder.imported(module.__name__)
 
 
-def _initializing(name):
+def _initializing(name: str) -> bool:
     spec = getattr(sys.modules.get(name), "__spec__", None)
     return getattr(spec, "_initializing", False)
 
@@ -56,10 +67,12 @@ class _WaitForTorch:
     torch's, and gradguard's when torch was imported by gradguard's own import (``import gradguard``
     first in a program), since the setup imports gradguard."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.busy = False
 
-    def find_spec(self, name, path=None, target=None):
+    def find_spec(
+        self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         if (name != "torch" and name != "gradguard") or self.busy:
             return None
         self.busy = True
@@ -79,7 +92,7 @@ class _WaitForTorch:
         spec.loader = _Loader(spec.loader, self)
         return spec
 
-    def imported(self, done=None):
+    def imported(self, done: str | None = None) -> None:
         """``done``: the module whose code has just run (its import is still marked as under way)."""
         if "torch" not in sys.modules or any(_initializing(n) for n in ("torch", "gradguard") if n != done):
             return  # called again when the import under way completes
@@ -94,7 +107,7 @@ class _WaitForTorch:
             print(f"gradguard: not set up in process {os.getpid()}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
-def _arm():
+def _arm() -> None:
     if not os.environ.get(_REPORT_DIR):
         return
     if any(type(f).__name__ == "_WaitForTorch" for f in sys.meta_path):
@@ -105,7 +118,7 @@ def _arm():
         finder.imported()
 
 
-def _chain():
+def _chain() -> None:
     """Import the next ``sitecustomize`` on ``sys.path`` (this folder left out), as ``sitecustomize``."""
     from importlib.machinery import PathFinder
     from importlib.util import module_from_spec
