@@ -408,7 +408,7 @@ _STORES: dict[type, str] = {
     collections.deque: "collections.deque()",
     collections.OrderedDict: "collections.OrderedDict()",
 }
-_NAMING = ("global", "class", "local", "cell", "attr", "slot")
+_NAMING = ("global", "class", "local", "cell", "named", "attr", "slot")  # named: gradguard._roots (issue 18)
 
 
 def fix(path: Path, tensor: torch.Tensor) -> str:
@@ -513,4 +513,6 @@ def _where(path: Path, start: int) -> str:
         return f"in {frame_where(edge.owner)}"
     if edge.kind == "cell":
         return f"closure of {edge.owner.__module__}:{edge.owner.__qualname__}"
+    if edge.kind == "named":  # gradguard._roots (issue 18): "in actor Trainer"
+        return f"in {edge.owner.label}"
     return f"in {module_dict(edge.owner).get('__name__')}"

@@ -43,6 +43,7 @@ from torch import nn
 
 from ._frames import frame_locals
 from ._paths import MODULE_STATE, Edge, Path, class_dict, instance_dict, is_a, module_dict, read_ref, sequence_items
+from ._roots import NamedRoot, live_roots
 
 __all__ = ["find_paths", "live_graph_tensors", "own_code", "running_thread"]
 
@@ -55,6 +56,7 @@ _FRAMES_TRAVERSE_LOCALS = sys.version_info < (3, 11)  # before 3.11 a running fr
 _SEQUENCES = (list, collections.deque)
 _CO_OPTIMIZED = 0x0001  # inspect.CO_OPTIMIZED: a function's frame (a module or class body's is not)
 _GENERATORS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)
+_HEAP_ROOTS = ("named", "global")  # roots that hold a target for good, by preference; gradguard._roots (issue 18)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -178,12 +180,14 @@ class _Search:
         self.parents: dict[int, list[int]] = {}
         self.below: dict[int, int] = {}  # id -> bitmask of the targets it leads to
         self.roots: dict[int, str] = {}  # id -> "global" (a module's globals) or "local" (a thread's frame local)
+        self.named: dict[int, NamedRoot] = {}  # gradguard._roots: id -> its root, a "named" root (issue 18)
         self.locals: dict[int, list[tuple[int, str]]] = {}  # id(value) -> [(frame index, name)]
         self.local_values: dict[int, Any] = {}
         self.frames: list[types.FrameType] = []
         self.modules: dict[int, types.ModuleType] = {}  # id(module.__dict__) -> module
         self.held = 0  # targets a module global (not only a thread's frame local) reaches
         self.deep: dict[int, list[Any]] = {}  # target index -> chain, from the downward sweep
+        self.named_roots: list[tuple[Any, NamedRoot]] = []
         for name in (
             "objects",
             "children",
@@ -195,6 +199,7 @@ class _Search:
             "modules",
             "deep",
             "local_values",
+            "named",
         ):
             self.mine.add(id(getattr(self, name)))
         self.targets = list(targets)
@@ -208,7 +213,7 @@ class _Search:
                 container.clear()
         self.keep.clear()
         tables = (self.objects, self.locals, self.local_values, self.frames, self.modules, self.targets, self.roots)
-        for table in (*tables, self.deep):
+        for table in (*tables, self.deep, self.named):
             table.clear()
 
     def own(self, container: Any) -> Any:
@@ -227,6 +232,10 @@ class _Search:
             else:
                 self.modules.setdefault(id(namespace), module)
         self.excluded.add(id(gc.garbage))
+        self.named_roots = self.own(live_roots())  # gradguard._roots (issue 18): held by the list while we run
+        for obj, root in self.named_roots:
+            self.named[id(obj)] = root
+            self.excluded.add(id(root))
         for frame in _thread_frames():
             index = len(self.frames)
             self.frames.append(frame)
@@ -255,6 +264,9 @@ class _Search:
         self.below[oid] = bits
         self.children[oid] = []  # ids only: these lists refer to nothing the search climbs
         self.parents[oid] = []
+        if oid in self.named:  # gradguard._roots (issue 18): a root, not climbed further
+            self.roots[oid] = "named"
+            return True
         if oid in self.modules:
             self.roots[oid] = "global"
             return True
@@ -275,7 +287,7 @@ class _Search:
             if not new:
                 continue
             self.below[node] |= new
-            if self.roots.get(node) == "global":
+            if self.roots.get(node) in _HEAP_ROOTS:
                 self.held |= new
             stack.extend((p, new) for p in self.parents[node])
 
@@ -320,7 +332,7 @@ class _Search:
             for kid in kids:
                 self.link(rid, kid)
                 self.spread(rid, self.below[kid])
-        return self.own([r for r in new if self.roots.get(id(r)) != "global" and self.below[id(r)] & ~self.held])
+        return self.own([r for r in new if self.roots.get(id(r)) not in _HEAP_ROOTS and self.below[id(r)] & ~self.held])
 
     def sweep(self, wanted: int) -> dict[int, list[Any]]:
         """Chains, root first, to the targets in the bitmask ``wanted``, from one breadth-first walk
@@ -335,8 +347,10 @@ class _Search:
         objects: dict[int, Any] = self.own({})
         found: dict[int, list[Any]] = {}
         globals_ = [module_dict(self.modules[oid]) for oid in self.modules if oid not in self.excluded]
-        # Module globals first, to the end: a thread's local names a target only where no global reaches it.
-        for roots in (globals_, list(self.local_values.values())):
+        named = [obj for obj, _ in self.named_roots]  # gradguard._roots (issue 18)
+        # Named roots and module globals first, to the end: a thread's local names a target only where
+        # nothing else reaches it.
+        for roots in (named, globals_, list(self.local_values.values())):
             queue: collections.deque[Any] = self.own(collections.deque())
             for root in roots:
                 if id(root) not in parent:
@@ -392,11 +406,12 @@ class _Search:
         via: dict[int, int | None] = {}
         order: list[int] = []  # breadth-first: parents before children
         queue: collections.deque[int] = collections.deque()
-        for oid, kind in self.roots.items():
-            if kind == "global":
-                via[oid] = None
-                queue.append(oid)
-        self._walk(queue, via, order)
+        for first in _HEAP_ROOTS:  # gradguard._roots (issue 18): named roots first, then module globals
+            for oid, kind in self.roots.items():
+                if kind == first and oid not in via:
+                    via[oid] = None
+                    queue.append(oid)
+            self._walk(queue, via, order)
         for oid, kind in self.roots.items():
             if kind == "local" and oid not in via:
                 via[oid] = None
@@ -522,6 +537,9 @@ def _describe(chain: list[Any], search: _Search) -> Path | None:
             return None
         edges.append(Edge(owner, "cell", free))
         i += 3
+    elif search.roots.get(id(owner)) == "named":  # gradguard._roots (issue 18): the path starts at the object
+        root = search.named[id(owner)]
+        edges.append(Edge(root, "named", root.name))
     elif id(owner) not in search.modules:  # a thread's frame local
         index, name = search.locals[id(owner)][0]
         edges.append(Edge(search.frames[index], "local", name))

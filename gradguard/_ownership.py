@@ -99,6 +99,8 @@ def path_owners(path: Path) -> list[Owner]:
             module = obj.f_globals.get("__name__") if code is not None else None
             label = library_of_module(module) if isinstance(module, str) else None
             current = Owner(label, f"a local of {getattr(code, 'co_qualname', getattr(code, 'co_name', '?'))}")
+        elif edge.kind == "named":  # gradguard._roots: an object of the program a framework holds
+            current = Owner(None, obj.label)
         elif edge.kind == "cell":
             label = library_of_module(obj.__module__) if isinstance(getattr(obj, "__module__", None), str) else None
             current = Owner(label, f"a closure of {obj.__qualname__}")

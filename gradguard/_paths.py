@@ -42,7 +42,7 @@ __all__ = [
 
 _TENSOR = torch.Tensor
 _DIGITS = re.compile(r"\d+")
-ROOT_KINDS = frozenset({"global", "local", "cell"})
+ROOT_KINDS = frozenset({"global", "local", "cell", "named"})  # named: gradguard._roots (issue 18)
 MODULE_STATE = ("_modules", "_parameters", "_buffers")
 
 
@@ -60,6 +60,8 @@ class Edge:
                 finished one a traceback holds (mid-path)
     ``cell``    a function / the free variable's name (the path    that closure cell's contents
                 is named from it)
+    ``named``   a :class:`gradguard._roots.NamedRoot` / its name    the object it names (a root,
+                (``self``), spelled after its label                 preferred over module globals)
     ``class``   a class / the attribute's name                     ``vars(owner)[key]``
     ``attr``    an object / the attribute's name                   ``vars(owner)[key]``; for an
                                                                    ``nn.Module`` also its
@@ -202,6 +204,8 @@ def read(edge: Edge) -> Any:
         return owner.__closure__[owner.__code__.co_freevars.index(key)].cell_contents
     if kind == "key":
         return list(dict.keys(owner))[key]
+    if kind == "named":  # gradguard._roots (issue 18)
+        return owner.resolve()
     raise LookupError(f"an edge of kind {kind!r} cannot be read back")
 
 
@@ -264,6 +268,8 @@ def _spell_root(edge: Edge, wildcard: bool) -> str:
         return f"closure of {owner.__module__}:{owner.__qualname__}: {key}"
     if kind == "local":
         return f"{frame_where(owner, line=not wildcard)}: {key}"
+    if kind == "named":  # gradguard._roots (issue 18): "actor Trainer: self"
+        return f"{owner.label}: {key}"
     return f"<{kind}>"
 
 

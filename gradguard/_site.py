@@ -12,12 +12,15 @@ import os
 import sys
 import types
 import warnings
+from collections.abc import Callable
 
 import wrapt
 
 from ._ownership import library_of_module
 
-__all__ = ["caller", "location", "user_frame", "warn_at"]
+__all__ = ["caller", "location", "set_origin", "user_frame", "warn_at"]
+
+_origin: Callable[[], str | None] | None = None
 
 _OWN = tuple(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in (sys.modules[__package__], wrapt))
 
@@ -59,12 +62,25 @@ def location(frame: types.FrameType | None) -> str:
     return "<unknown>" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
+def set_origin(origin: Callable[[], str | None] | None) -> None:
+    """Where this process's warnings come from: ``origin()`` is read at each warning, and a text it
+    returns prefixes the message in brackets (``[rank 1/2, pid 4242 on node-3] gradguard: ...``).
+    ``gradguard run`` sets it in every process it reaches but the command's own; ``None`` (the
+    default) or an empty text: no prefix."""
+    global _origin
+    _origin = origin
+
+
 def warn_at(message: str, category: type[Warning], frame: types.FrameType | None) -> None:
     """``warnings.warn`` attributed to ``frame``, as a ``stacklevel`` pointing there would be.
 
     The frame's module registry is used, so ``"default"``/``"once"`` filters and pytest's capture
-    behave as for any warning raised at that line.
+    behave as for any warning raised at that line. The message is prefixed by the origin, when one is
+    set (:func:`set_origin`).
     """
+    tag = None if _origin is None else _origin()
+    if tag:
+        message = f"[{tag}] {message}"
     if frame is None:
         warnings.warn_explicit(message, category, "<unknown>", 0)
         return

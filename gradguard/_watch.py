@@ -93,7 +93,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Literal
 
 import torch
@@ -282,6 +282,7 @@ class Watcher:
         self._read = 0.0
         self._started: float | None = None
         self._schedules: list[Schedule] = []
+        self._listeners: list[Callable[[Watcher, BaseException | None], None]] = []
 
     def __repr__(self) -> str:
         return f"gradguard.Watcher(every={self.every!r}, mode={self.mode!r})"
@@ -344,10 +345,12 @@ class Watcher:
             known, released = len(self._history), self._released
         start = _clock()
         report: RetentionReport | None = None
+        raised: BaseException | None = None
         try:
             report = self._audit(own, mode, optimizers)
             return report
-        except GraphRetentionError as error:
+        except BaseException as error:
+            raised = error
             report = getattr(error, "report", None)
             raise
         finally:
@@ -361,6 +364,9 @@ class Watcher:
                 self._spent += cost
                 self._counts["audits"] += 1
                 self._counts["memory"] += reason == "memory"
+            for listener in list(self._listeners):  # on_audit (issue 18)
+                listener(self, raised)
+            raised = None
 
     def _state(self) -> _ThreadState:
         try:
@@ -451,9 +457,7 @@ class Watcher:
 
     def _repair(self, leak: Leak, frame: Any, ended: str = "") -> None:
         finding = leak.finding
-        done = repair(
-            [finding.paths[i] for i in leak.leaking], [finding.tensors[i] for i in leak.leaking], leak.alive
-        )
+        done = repair([finding.paths[i] for i in leak.leaking], [finding.tensors[i] for i in leak.leaking], leak.alive)
         if done.detached:
             retention = finding.retention
             _stats.count_at(STORE, finding.key, done.detached, done.released, retention.pinned_bytes)
@@ -476,6 +480,14 @@ class Watcher:
                 entry.repaired += repaired
                 self._released += repaired
                 entry.outcome, entry.why = outcome, why
+
+    def on_audit(self, listener: Callable[[Watcher, BaseException | None], None]) -> None:
+        """Call ``listener(watcher, error)`` after each audit, in the auditing thread, with the counts
+        and :meth:`history` already updated; ``error`` is the exception the audit is about to raise
+        (a :class:`GraphRetentionError` in ``raise`` mode) or ``None``. An exception from the listener
+        propagates out of ``optimizer.step()``: a listener handles its own. ``gradguard run`` writes
+        each process's report from here, before a ``raise`` can end the process."""
+        self._listeners.append(listener)
 
     # ---------------------------------------------------------------------------------------------
 
@@ -523,7 +535,7 @@ class Watcher:
             share = f" ({100 * (self._spent + self._read) / elapsed:.2f}% of the time since the first)"
         asked = f", {self.memory_audits} of them for memory growth" if self.memory_audits else ""
         head = f"gradguard watch: {_plural(boundaries, 'step boundary')}, {audits} audited{asked}{share}"
-        memory = self._memory_line()
+        memory = self.memory_line()
         entries = self.history()
         if not audits:
             return f"{head}: no audit ran, nothing was checked{memory}"
@@ -552,10 +564,10 @@ class Watcher:
             f"{_table.text(header, rows)}"
         )
 
-    def _memory_line(self) -> str:
-        """What the memory trigger did, for a summary whose audits found nothing: a run it watched
-        without asking for an audit was not checked by one, and the reader should know how small a
-        leak could have stayed under it."""
+    def memory_line(self) -> str:
+        """What the memory trigger did (empty without one), for a summary whose audits found nothing:
+        a run it watched without asking for an audit was not checked by one, and the reader should know
+        how small a leak could have stayed under it."""
         with self._lock:
             schedules = list(self._schedules)
         triggers = [s.trigger for s in schedules if s.trigger is not None]
@@ -564,14 +576,11 @@ class Watcher:
         reader = next(s.reader for s in schedules if s.trigger is not None)
         floor = max(t.settings.floor for t in triggers)
         window = min(t.settings.window for t in triggers)
-        return (
-            f"; memory ({reader.describe()}) was read at each boundary and "
-            + (
-                "asked for an audit"
-                if self.memory_audits
-                else f"never rose {human(floor)} over its low-water mark of the last {window} boundaries (a leak "
-                f"of {human(floor // window)} per step or more would have)"
-            )
+        return f"; memory ({reader.describe()}) was read at each boundary and " + (
+            "asked for an audit"
+            if self.memory_audits
+            else f"never rose {human(floor)} over its low-water mark of the last {window} boundaries (a leak "
+            f"of {human(floor // window)} per step or more would have)"
         )
 
 

@@ -1,22 +1,30 @@
-"""``gradguard run``: a script or ``-m module`` under ``enforce()`` and the watch, with no code change.
+"""``gradguard run``: a command (a script, ``-m module``, a program) with ``enforce()`` and the watch set
+up in the process it starts, with no change to the code; the reports, the one summary, the exit status;
+``gradguard env`` and ``gradguard report`` for processes it does not start.
 
-The runs that train start a fresh interpreter (``python -m gradguard run ...``): every audit sees the
-whole process, and the exit status and the summary at exit are the point. How the target is run
-(``sys.argv``, ``__main__``, ``sys.path[0]``, the exit status) and the refusals are checked
-in-process, without a watch.
+The runs that train start a fresh interpreter (``python -m gradguard run ...``), which starts the
+command as its child: the exit status and the summary at exit are the point. How the target is run
+(``sys.argv``, ``__main__``, ``sys.path[0]``, the exit status) and the refusals are checked from
+``_cli.main`` in this process, which also starts the command as a child. Launchers, multiprocessing
+and Ray are in ``tests/integration/test_launchers.py``.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 from _helpers import env
 
 from gradguard import _cli, _enforce
+from gradguard._launch._settings import python_path
 
 LEAKY = """
 import sys
@@ -45,13 +53,17 @@ if __name__ == "__main__":
 """
 
 
-def _gradguard(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+ANNOUNCED = "gradguard run: each process's report goes to "
+
+
+def _gradguard(*argv: str, cwd: Path, **environ: str | None) -> subprocess.CompletedProcess[str]:
+    changes: dict[str, str | None] = {"GRADGUARD_AUDIT": None, "TMPDIR": str(cwd), **environ}
     return subprocess.run(
         [sys.executable, "-m", "gradguard", *argv],
         capture_output=True,
         text=True,
         cwd=cwd,
-        env=env(GRADGUARD_AUDIT=None),
+        env=env(**changes),
         timeout=180,
     )
 
@@ -61,7 +73,8 @@ def test_raise_mode_fails_the_run_at_the_step_that_found_the_leak(tmp_path: Path
     run = _gradguard("run", "--mode", "raise", "--audit-every", "1", "train.py", "4", "--leak", cwd=tmp_path)
     assert run.returncode == 1, run.stderr
     assert "steps done" not in run.stdout  # the error came out of the third optimizer.step()
-    err = run.stderr
+    announced, err = run.stderr.split("\n", 1)  # the run folder is said first, then the command's own stderr
+    assert announced.startswith(ANNOUNCED + str(tmp_path / "gradguard-run-"))
     assert err.startswith("Traceback (most recent call last):\n  File ") and 'train.py", line ' in err
     assert "gradguard._cli" not in err.split("GraphRetentionError")[0]  # the traceback starts at the script
     assert "gradguard.GraphRetentionError: gradguard: 1 holder keeps autograd graphs" in err
@@ -132,7 +145,7 @@ def test_a_clean_script_passes_in_raise_mode(tmp_path: Path) -> None:
 
 
 def test_the_script_runs_as_main_with_its_own_argv(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("GRADGUARD_AUDIT", raising=False)
     script = tmp_path / "show.py"
@@ -147,8 +160,11 @@ def test_the_script_runs_as_main_with_its_own_argv(
         )
     )
     argv = list(sys.argv)
-    code = _cli.main(["run", "--mode", "warn", "--audit-every", "0", str(script), "3", "--mode", "x"])
-    out, err = capsys.readouterr()
+    code = _cli.main(
+        ["run", "--mode", "warn", "--audit-every", "0", "--report-dir", str(tmp_path / "run"), str(script), "3"]
+        + ["--mode", "x"]
+    )
+    out, err = capfd.readouterr()  # the script runs in a child process: its output is the file descriptors'
     assert code == 3 and sys.argv == argv and _enforce.installed() == {}
     assert f"NAME __main__ ARGV {[str(script), '3', '--mode', 'x']} PATH0 {tmp_path} MODE warn" in out
     assert "gradguard stats: no guarded store saw a record" in err and "gradguard watch" not in err
@@ -234,3 +250,133 @@ def test_gradguard_run_takes_the_process_watch_over(tmp_path: Path) -> None:
     )
     assert run.returncode == 1, run.stderr
     assert "gradguard watch: 3 step boundaries, 3 audited" in run.stderr  # one watch, each boundary once
+
+
+# --------------------------------------------------------------------------- any command, its exit status, signals
+
+
+def test_a_program_is_found_on_path_and_an_unknown_one_is_refused(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    program = bin_dir / "mytrainer"  # a launcher as pip installs one: a script on PATH that starts Python
+    program.write_text(f'#!/bin/sh\nexec {sys.executable} -c "import sys; print(\'ARGS\', sys.argv[1:])" "$@"\n')
+    program.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert _cli.main(["run", "--report-dir", str(tmp_path / "run"), "mytrainer", "--nproc", "2", "x.py"]) == 0
+    out, err = capfd.readouterr()
+    assert "ARGS ['--nproc', '2', 'x.py']" in out
+    assert err.splitlines()[-1] == (
+        f"gradguard run: no process of the command imported torch (no report in {tmp_path / 'run'}): nothing was "
+        "checked"
+    )
+    assert _cli.main(["run", "no-such-launcher", "--flag"]) == 2
+    assert capfd.readouterr().err == (
+        "gradguard run: 'no-such-launcher' is neither a file nor a program on PATH; give a script (train.py), "
+        "-m MODULE, or a program on PATH (torchrun, accelerate, deepspeed, python, ...)\n"
+    )
+
+
+def test_a_report_dir_holding_an_earlier_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "report-node-1-00.json").write_text("{}")
+    assert _cli.main(["run", "--report-dir", str(tmp_path), sys.executable, "-c", "pass"]) == 2
+    assert "already holds 1 report(s) of an earlier run, which would be merged into this one" in capsys.readouterr().err
+
+
+def test_a_command_ended_by_a_signal_exits_128_plus_its_number(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    kill = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
+    assert _cli.main(["run", "--report-dir", str(tmp_path / "run"), sys.executable, "-c", kill]) == 128 + 15
+
+
+SLEEPER = """
+import signal, sys, time
+
+def stop(signum, frame):
+    print("child got", signal.Signals(signum).name, flush=True)
+    sys.exit(7)
+
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 7), (signal.SIGINT, 130)])
+def test_sigterm_and_sigint_are_passed_on_to_the_command(tmp_path: Path, signum: int, status: int) -> None:
+    """Not from a terminal (stdin is not one here): the signal reached gradguard run only, which passes it on;
+    SIGINT ends the Python child with KeyboardInterrupt (130), SIGTERM runs its handler."""
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "gradguard", "run", "--report-dir", str(tmp_path / "run"), "sleeper.py"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=env(GRADGUARD_AUDIT=None),
+    )
+    assert run.stdout is not None and run.stdout.readline() == "ready\n"
+    time.sleep(0.2)
+    run.send_signal(signum)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == status, err
+    assert ("child got SIGTERM" in out) == (signum == signal.SIGTERM)
+    assert "no process of the command imported torch" in err  # the summary still comes
+
+
+# --------------------------------------------------------------------------- processes gradguard run does not start
+
+
+def test_gradguard_env_then_gradguard_report_as_a_cluster_job_would(tmp_path: Path) -> None:
+    """The SLURM recipe without SLURM: the environment exported, a task started with the rank srun gives it,
+    the reports merged afterwards; the JSON form carries the same variables (Ray's runtime_env, a pod spec)."""
+    (tmp_path / "train.py").write_text(LEAKY)
+    folder = tmp_path / "run"
+    gradguard = f"{sys.executable} -m gradguard"
+    job = (
+        f'eval "$({gradguard} env --report-dir {folder} --mode raise --audit-every 1)" && '
+        f"SLURM_PROCID=1 SLURM_NTASKS=2 {sys.executable} train.py 4 --leak; "
+        f"{gradguard} report {folder}"
+    )
+    run = subprocess.run(
+        ["bash", "-c", job], capture_output=True, text=True, cwd=tmp_path, env=env(GRADGUARD_AUDIT="1"), timeout=300
+    )
+    assert run.returncode == 1, run.stderr  # gradguard report: a leak found in raise mode
+    assert "[rank 1/2, pid " in run.stderr and "] gradguard: 1 holder keeps autograd graphs" in run.stderr
+    summary = run.stdout.splitlines()
+    # a list at the script's top level is a variable of __main__: found once it survived two boundaries
+    assert summary[1].startswith("gradguard watch: 3 step boundaries, 3 audited, in 1 process")
+    assert summary[4].split()[:8] == ["__main__:HISTORY[*]['loss']", "rank", "1", "of", "2", "3", "0", "B"]
+    exported = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "gradguard", "env", "--json", "--report-dir", str(tmp_path / "other")],
+            capture_output=True,
+            text=True,
+            env=env(PYTHONPATH="/opt/mine"),
+            check=True,
+            timeout=120,
+        ).stdout
+    )
+    bootstrap = os.path.join(os.path.dirname(_cli.__file__), "_launch", "bootstrap")
+    assert exported == {
+        "PYTHONPATH": f"{bootstrap}{os.pathsep}/opt/mine",
+        "GRADGUARD_REPORT_DIR": str(tmp_path / "other"),
+        "GRADGUARD_RUN_AUDIT": "auto",
+    }
+
+
+def test_gradguard_run_inside_a_reached_process_reports_only_its_command(tmp_path: Path) -> None:
+    """``torchrun -m gradguard run train.py`` under an outer run, or with ``gradguard env`` exported: the inner
+    gradguard run imports torch, so the bootstrap reaches it, but it only launches: no report of its own."""
+    (tmp_path / "train.py").write_text(LEAKY)
+    outer, inner = tmp_path / "outer", tmp_path / "inner"
+    armed = python_path(os.environ.get("PYTHONPATH"))  # the bootstrap first, as an outer run exports it
+    outer_run = {"PYTHONPATH": armed, "GRADGUARD_REPORT_DIR": str(outer)}
+    run = _gradguard("run", "--report-dir", str(inner), "train.py", "2", cwd=tmp_path, **outer_run)
+    assert run.returncode == 0, run.stderr
+    assert list(outer.glob("report-*.json")) == []
+    (report,) = [json.loads(p.read_text()) for p in inner.glob("report-*.json")]
+    assert report["top"] and report["boundaries"] == 2

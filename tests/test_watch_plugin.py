@@ -162,7 +162,8 @@ def test_a_graph_a_test_made_and_left_alive_is_reported_at_its_end(pytester: pyt
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--gradguard-audit=auto", "--gradguard=warn")
     result.assert_outcomes(passed=3, failed=1)  # the failing test fails on its own: no check at its end
     out = result.stdout.str()
-    assert "test_outlived:Model._losses[0] keeps an autograd graph after test test_outlived.py::test_class_level_list" in out
+    after = "keeps an autograd graph after test test_outlived.py::test_class_level_list"
+    assert f"test_outlived:Model._losses[0] {after}" in out
     assert "test_outlived:HISTORY[0]._mock_call_args_list" in out
     assert "test_clean" not in out.split("warnings summary")[-1]  # the module fixture's graph is the fixture's
     raised = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--gradguard-audit=auto", "-k", "class_level")

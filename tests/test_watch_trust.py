@@ -470,7 +470,7 @@ def test_a_summary_that_checked_nothing_says_so() -> None:
     for _ in range(3):
         _ = x * 2  # a node made in this thread: each boundary is a new step
         watcher.boundary()
-    assert watcher.summary().endswith("3 step boundaries, 0 audited: nothing was checked")
+    assert watcher.summary().endswith("3 step boundaries, 0 audited: no audit ran, nothing was checked")
     for _ in range(2):
         _ = x * 2
         watcher.boundary()

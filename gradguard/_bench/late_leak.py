@@ -45,6 +45,7 @@ def _program() -> types.ModuleType:
         module = sys.modules[PROGRAM] = types.ModuleType(PROGRAM, "the training script of gradguard bench's runs")
     return module
 
+
 BYTES_PER_STEP = 256 * 1024
 """What each leaking step pins by default: the issue's 256 KiB leak."""
 

@@ -1,0 +1,187 @@
+"""A process the bootstrap reached: gradguard set up in it, and its report kept current.
+
+:func:`setup` runs once per process, from the bootstrap, right after the program's ``import torch``:
+
+* ``enforce()`` is entered for the rest of the process (the engine adapters; the mode is the one in
+  force, ``GRADGUARD`` unless the program says otherwise), and the watch with ``GRADGUARD_RUN_AUDIT``'s
+  ``every`` (none for ``0``); a ``GRADGUARD_AUDIT`` process watch is stopped first, so there is one;
+* the holder search starts at the Ray actor's instance when this process runs one (``_actor``);
+* the watch's warnings and errors carry where they come from (``[rank 1/2, pid 4242 on node-3]``),
+  except in the command ``gradguard run`` started, unless that one has a rank;
+* the report is written at once (the process was reached), after each audit (before a ``raise``
+  leaves ``optimizer.step()``) and at exit.
+
+A forked child inherits all of it, already set up; at the fork it takes a report file of its own and
+counts from the fork on, and it writes only once it has a boundary of its own (a DataLoader worker
+never does). A problem here is said on stderr and in the report, never raised into the program.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from collections.abc import Mapping
+
+from .._enforce import enforce
+from .._errors import GradGuardError
+from .._policy import get_mode
+from .._site import set_origin
+from .._stats import SiteStats, stats
+from .._watch import HolderHistory, Watcher, stop_process_watch, watch
+from . import _actor
+from ._identity import HOST, Identity, identify
+from ._report import Baseline, content, file_name, write
+from ._settings import Settings
+
+__all__ = ["setup", "retire"]
+
+_lock = threading.Lock()
+_current: _Process | None = None
+
+
+def setup(environ: Mapping[str, str] | None = None) -> None:
+    """Set this process up for the run (the module documentation says what); a second call does nothing."""
+    global _current
+    with _lock:
+        if _current is None:
+            _current = _Process(Settings(environ))
+            _current.start()
+
+
+def retire() -> None:
+    """This process only launches (``gradguard run`` started inside a reached process): its report is
+    removed and no longer written."""
+    with _lock:
+        if _current is not None:
+            _current.retire()
+
+
+class _Process:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.lock = threading.Lock()
+        self.errors: list[str] = [settings.error] if settings.error else []
+        self.watcher: Watcher | None = None
+        self.scopes: list[enforce] = []
+        self.base = Baseline()
+        self.forked = False  # a fork child: writes once it has a boundary of its own
+        self.retired = False
+        self.at_exit = False
+        self.said: set[str] = set()
+        self.last: tuple[list[HolderHistory], dict[tuple[str, str], SiteStats]] = ([], {})  # the last report's
+        self.path = os.path.join(settings.report_dir, file_name(identify()))
+
+    def start(self) -> None:
+        stop_process_watch()
+        try:
+            self._enter(enforce(audit=0))
+        except GradGuardError as exc:
+            self.errors.append(f"enforce() was not entered: {exc}")
+        if self.settings.every is not None:
+            scope = watch(every=self.settings.every)
+            self._enter(scope)
+            self.watcher = scope.watcher
+            self.watcher.on_audit(self._after_audit)
+        _actor.provide_roots()
+        set_origin(self.tag)
+        try:
+            os.makedirs(self.settings.report_dir, exist_ok=True)
+        except OSError as exc:
+            self.errors.append(f"cannot create the report folder: {exc}")
+        for error in self.errors:
+            self._say(f"gradguard: {error}")
+        self.write()
+        atexit.register(self._exiting)
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _enter(self, scope: enforce) -> None:
+        scope.__enter__()  # left only when the process ends
+        self.scopes.append(scope)
+
+    # ---------------------------------------------------------------------------------------------
+
+    def top(self) -> bool:
+        """Whether this is the command ``gradguard run`` started (its direct child)."""
+        return self.settings.parent is not None and os.getppid() == self.settings.parent
+
+    def tag(self) -> str | None:
+        identity = identify()
+        if self.top() and identity.rank is None and identity.actor is None:
+            return None
+        return identity.tag
+
+    def write(self) -> None:
+        with self.lock:
+            if self.retired:
+                return
+            try:
+                mode: str = get_mode()
+            except GradGuardError as exc:
+                mode = "?"
+                if str(exc) not in self.errors:
+                    self.errors.append(str(exc))
+            history = [] if self.watcher is None else self.watcher.history()
+            counted = dict(stats())
+            self.last = (history, counted)
+            report = content(
+                identify(),
+                top=self.top(),
+                every=self.settings.every,
+                mode=mode,
+                watcher=self.watcher,
+                history=history,
+                stats=counted,
+                base=self.base,
+                at_exit=self.at_exit,
+                error="; ".join(self.errors) or None,
+            )
+            try:
+                write(self.path, report)
+            except OSError as exc:
+                self._say(f"gradguard: cannot write this process's report {self.path!r}: {exc}")
+
+    def _say(self, line: str) -> None:
+        if line not in self.said:
+            self.said.add(line)
+            print(line, file=sys.stderr, flush=True)
+
+    # ---------------------------------------------------------------------------------------------
+
+    def _after_audit(self, watcher: Watcher, error: BaseException | None) -> None:
+        try:
+            if isinstance(error, GradGuardError) and error.args and isinstance(error.args[0], str):
+                tag = self.tag()
+                if tag and not error.args[0].startswith(f"[{tag}]"):
+                    error.args = (f"[{tag}] {error.args[0]}", *error.args[1:])
+            self.forked = False  # it has an audit of its own now
+            self.write()
+        except Exception as exc:  # noqa: BLE001 - the report must never break the program's optimizer.step()
+            self._say(f"gradguard: this process's report was not updated: {type(exc).__name__}: {exc}")
+
+    def _exiting(self) -> None:
+        self.at_exit = True
+        watcher = self.watcher
+        if self.forked and (watcher is None or watcher.boundaries == self.base.boundaries):
+            return  # a fork child that never stepped (a DataLoader worker): nothing of its own to say
+        try:
+            self.write()
+        except Exception as exc:  # noqa: BLE001 - at exit: said, not raised
+            self._say(f"gradguard: this process's report was not written at exit: {type(exc).__name__}: {exc}")
+
+    def _forked(self) -> None:
+        """In the child, right after the fork: nothing here takes a lock (see ``Baseline``)."""
+        self.lock = threading.Lock()  # another thread may have held the parent's at the fork
+        self.forked = True
+        self.at_exit = False
+        self.base = Baseline.of(self.watcher, *self.last)
+        self.path = os.path.join(self.settings.report_dir, file_name(Identity(os.getpid(), HOST)))
+
+    def retire(self) -> None:
+        with self.lock:
+            self.retired = True
+            try:
+                os.remove(self.path)
+            except OSError:
+                pass
