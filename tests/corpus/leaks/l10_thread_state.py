@@ -33,7 +33,7 @@ class Worker(threading.Thread):
             for p in model.parameters():
                 p.copy_(torch.randn(p.shape, generator=g) * 0.3)
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        for _ in range(5):
+        for _ in range(4):
             loss = nn.functional.mse_loss(model(torch.randn(8, 8, generator=g)), torch.randn(8, 1, generator=g))
             opt.zero_grad()
             loss.backward()

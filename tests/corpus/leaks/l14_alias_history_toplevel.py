@@ -16,7 +16,7 @@ torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
 HISTORY = []
-for step in range(5):
+for step in range(4):
     x, y = torch.randn(8, 8), torch.randn(8, 1)
     loss = nn.functional.mse_loss(model(x), y)
     opt.zero_grad()

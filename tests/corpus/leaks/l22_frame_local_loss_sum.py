@@ -16,13 +16,13 @@ def train() -> dict[str, torch.Tensor]:
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     loss_sum = torch.zeros(())
-    for _ in range(5):
+    for _ in range(4):
         loss = nn.functional.mse_loss(model(torch.randn(8, 8)), torch.randn(8, 1))
         opt.zero_grad()
         loss.backward()
         opt.step()
         loss_sum = loss_sum + loss  # the leak: loss.detach()
-    print_mean = loss_sum.item() / 5
+    print_mean = loss_sum.item() / 4
     assert print_mean > 0
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
