@@ -190,8 +190,10 @@ def _ignored(entry: gradguard.Retention) -> bool:
 def execute(program: Program, mode: str | None, *, measure: bool = False, check_leftover: bool = False) -> Run:
     """Run ``program`` once: without the watch (``mode=None``) or inside ``gradguard.watch(every=1, mode)``;
     with ``measure``, take a MemoryProbe reading after every optimizer step (after the watch acted); with
-    ``check_leftover``, list the holders of graphs still held once its globals are cleared (``Run.leftover``;
-    garbage is not a holder, so no collection is needed)."""
+    ``check_leftover``, collect garbage and list the holders of graphs still held once its globals are
+    cleared (``Run.leftover``). The collection matters beyond the check: graph tensors left in garbage
+    (an exception's cycles after ``raise``, a class's attributes) make every later audit search for
+    their holders, several times slower with threads."""
     for module in program.requires:
         require_engine(module)
     scope = gradguard.watch(every=1, mode=mode, ignore=_ignored) if mode is not None else None
@@ -233,6 +235,7 @@ def execute(program: Program, mode: str | None, *, measure: bool = False, check_
         torch._dynamo.reset()  # compiled code and its guards refer to the program's objects
     leftover: list[str] = []
     if check_leftover:
+        gc.collect()
         leftover = sorted({r.holder for r in gradguard.audit(ignore=_ignored)})
         _elsewhere.update(leftover)  # reported by this test; the ones after it must not see them
     watcher = scope.watcher if scope is not None else None
