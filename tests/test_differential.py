@@ -128,6 +128,7 @@ class Run:
     history: list[Any]  # HolderHistory records
     audits: int
     boundaries: int
+    audit_seconds: float  # the watch's own time in its audits
     readings: list[int]  # live bytes after each optimizer step (MemoryProbe), when measured
     leftover: list[str]  # holders of graphs still alive after the program's globals were cleared
 
@@ -248,6 +249,7 @@ def execute(program: Program, mode: str | None, *, measure: bool = False, check_
         history=watcher.history() if watcher else [],
         audits=watcher.audits if watcher else 0,
         boundaries=watcher.boundaries if watcher else 0,
+        audit_seconds=watcher.audit_seconds if watcher else 0.0,
         readings=list(probe.readings) if probe else [],
         leftover=leftover,
     )
