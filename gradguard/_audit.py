@@ -318,13 +318,20 @@ def scan_tensors(
     keep_out: Callable[[Retention], bool] | None,
     exclude: set[int],
     liveness: Liveness | None = None,
+    known: dict[int, Path] | None = None,
 ) -> tuple[list[Finding], int]:
     """:func:`scan` of the given graph tensors (``live_graph_tensors``' result): the findings, most
     pinned bytes first, and how many of the tensors no root reaches. Call it holding
-    :data:`scan_lock`; ``liveness``, when given, is the audit's (its held nodes are these tensors')."""
+    :data:`scan_lock`; ``liveness``, when given, is the audit's (its held nodes are these tensors').
+    ``known``: live paths already found for some of them (by id): the heap is searched only for the
+    others, and not at all when there are none."""
     if not tensors:
         return [], 0
-    paths = find_paths(tensors, {id(tensors), *exclude})
+    known = known or {}
+    unknown = [t for t in tensors if id(t) not in known]
+    found = iter(find_paths(unknown, {id(tensors), id(unknown), *exclude}) if unknown else ())
+    paths = [known[id(t)] if id(t) in known else next(found) for t in tensors]
+    del unknown, found
     groups: dict[str, list[tuple[str, torch.Tensor, Path]]] = {}
     lost = []  # no root reaches them
     for t, path in zip(tensors, paths):

@@ -20,6 +20,8 @@ Whose boundaries
     encoder's forward (nor the outer loop's previous ``loss``, still a variable while the inner
     steps run). A graph that reaches no parameter of any live optimizer is judged at every boundary,
     and so is every graph at a boundary of no optimizer (a direct :meth:`Watcher.boundary` call).
+    (The live optimizers are those that stepped under the watch and those its audits found in the
+    heap, looked for at the first audit and then every ``OPTIMIZER_RESCAN`` seconds.)
 
 Threads
     A graph that only another thread's frames hold is judged by that thread's boundaries (it may be

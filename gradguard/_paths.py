@@ -310,8 +310,9 @@ def spell(path: Sequence[Edge]) -> str:
 
 def holder_key(path: Sequence[Edge]) -> str:
     """:func:`spell` with sequence indices, ``int`` dict keys and dict key positions as ``[*]``, the
-    digits of ``str`` dict keys as ``*`` (``metrics['step*']``), and no line number: one string for
-    all the records of one list (or of one dict keyed by step), stable from one step to the next."""
+    digits of ``str`` dict keys as ``*`` (``metrics['step*']``), an attribute repeated along the path
+    as one (``head(.next)*.value``), and no line number: one string for all the records of one list
+    (or of one dict keyed by step, or of one linked list), stable from one step to the next."""
     return _spell(path, wildcard=True)
 
 
@@ -325,7 +326,16 @@ def _spell(path: Sequence[Edge], wildcard: bool) -> str:
         return ""
     first = path[0]
     text = _spell_root(first, wildcard) if first.kind in ROOT_KINDS else _spell_step(first, wildcard)
-    return text + "".join(_spell_step(e, wildcard) for e in path[1:])
+    steps = [_spell_step(e, wildcard) for e in path[1:]]
+    if wildcard:  # a linked list (node.next.next...): one holder whatever the depth of each record
+        runs: list[str] = []
+        for step in steps:
+            if runs and step.startswith(".") and runs[-1] in (step, f"({step})*"):
+                runs[-1] = f"({step})*"
+            else:
+                runs.append(step)
+        steps = runs
+    return text + "".join(steps)
 
 
 def reaches(value: Any, target: Any) -> bool:

@@ -77,7 +77,8 @@ class Schedule:
         self.boundaries = 0
         self.started = 0.0
         self.spent = 0.0  # seconds the audits took
-        self.triggered = 0.0  # of which the trigger's
+        self.triggered = 0.0  # of which the trigger's, once a leak was found
+        self.repeat_cost = 0.0  # the last of those
         self.found = False  # an audit of this thread found a leak
         self.read_seconds = 0.0  # seconds the memory readings took
         self.last_cost = 0.0
@@ -118,7 +119,7 @@ class Schedule:
             self._figure = self._figure or bool(readings)  # CUDA's figure appears once CUDA is in use
             self.request = self._trigger.observe(readings)
             if self.request is not None:
-                if not self.found or self.triggered + self.last_cost <= TRIGGER_SHARE * elapsed:
+                if not self.found or self.triggered + self.repeat_cost <= TRIGGER_SHARE * elapsed:
                     return "memory"
                 self._trigger.declined()
                 self.request = None
@@ -133,8 +134,9 @@ class Schedule:
         found a leak no earlier audit had reported, or released one; ``found``: it found any leak."""
         self.spent += cost
         self.last_cost = cost
-        self.found = self.found or found
-        if reason == "memory":
+        if reason == "memory" and self.found:  # finding the leak is free; going back for it again is not
             self.triggered += cost
+            self.repeat_cost = cost
+        self.found = self.found or found
         if self._trigger is not None:
             self._trigger.audited(new)

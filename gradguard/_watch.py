@@ -93,6 +93,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Literal
 
@@ -108,7 +109,9 @@ from ._errors import GradGuardError, GraphRetentionError, GraphRetentionWarning
 from ._holders import live_graph_tensors
 from ._liveness import Liveness
 from ._message import display, human
+from ._paths import Path
 from ._policy import DETACH, OFF, RAISE, WARN, Mode, normalize_mode, resolve
+from ._recipes import Recipe
 from ._repair import LIVE, PARTLY, REPAIRED, Repair, repair
 from ._schedule import Schedule
 from ._site import user_frame, warn_at
@@ -223,6 +226,11 @@ class HolderHistory:
     found_at: int = 0
 
 
+OPTIMIZER_RESCAN = 30.0
+"""Seconds between two looks for live optimizers in the heap (at an audit): a graph that reaches no
+known optimizer's parameters is judged at every boundary. Every optimizer that steps is known at once."""
+
+_MAX_RECIPES = 16  # repaired holders remembered by name; the least recently repaired is forgotten first
 _MAX_SOURCES = 16  # optimizers remembered per thread; the least recently stepped is forgotten first
 
 
@@ -278,6 +286,9 @@ class Watcher:
         self._history: dict[str, HolderHistory] = {}
         self._counts = {"boundaries": 0, "audits": 0, "memory": 0}
         self._released = 0  # tensors the repair released, all holders
+        self._recipes: collections.OrderedDict[str, Recipe] = collections.OrderedDict()  # repaired holders, by name
+        self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # the live optimizers known
+        self._rescan_at = 0.0  # when to look for optimizers in the heap again
         self._spent = 0.0
         self._read = 0.0
         self._started: float | None = None
@@ -380,14 +391,25 @@ class Watcher:
 
     def _audit(self, source: Source, mode: Mode, optimizers: tuple[Any, ...]) -> RetentionReport:
         with scan_lock:
-            alive_optimizers: list[Any] = []
-            tensors = live_graph_tensors(set(), alive_optimizers)
+            found: list[Any] | None = None
+            now = _clock()
+            with self._lock:
+                if now >= self._rescan_at:  # the optimizers made before the watch, or since the last look
+                    found, self._rescan_at = [], now + OPTIMIZER_RESCAN
+            tensors = live_graph_tensors(set(), found)
+            with self._lock:
+                self._optimizers.update(found or ())
+                self._optimizers.update(optimizers)
+                alive_optimizers = list(self._optimizers)
             born_at = source.age(tensors)
             if not born_at:  # every graph alive now was made since the last audit: nothing to judge
                 return RetentionReport([])
             liveness = Liveness({t.grad_fn for t in tensors})
-            findings, _ = scan_tensors(tensors, self._ignore, set(), liveness)
-            del tensors
+            known = self._known(tensors)
+            if all(key in known for key in born_at):  # every old graph is in a holder repaired before
+                tensors = [t for t in tensors if id(t) in known]
+            findings, _ = scan_tensors(tensors, self._ignore, set(), liveness, known)
+            del tensors, known
             params = None if not optimizers else functools.partial(_parameter_ids, optimizers, alive_optimizers)
             leaks = judge(findings, born_at, source, liveness, params)
             del findings, liveness
@@ -455,9 +477,24 @@ class Watcher:
                 self._spent += _clock() - start
                 self._counts["audits"] += 1
 
+    def _known(self, tensors: list[torch.Tensor]) -> dict[int, Path]:
+        """The live paths of the tensors (by id) in holders repaired before, read by their recipes."""
+        with self._lock:
+            recipes = list(self._recipes.values())
+        ids = {id(t) for t in tensors}
+        return {id(t): path for recipe in recipes for t, path in recipe.resolve() if id(t) in ids}
+
     def _repair(self, leak: Leak, frame: Any, ended: str = "") -> None:
         finding = leak.finding
         done = repair([finding.paths[i] for i in leak.leaking], [finding.tensors[i] for i in leak.leaking], leak.alive)
+        if done.released:  # the program may fill it again: find it by name next time
+            recipe = Recipe.of(finding.paths[leak.leaking[0]])
+            if recipe is not None:
+                with self._lock:
+                    self._recipes[recipe.key] = recipe
+                    self._recipes.move_to_end(recipe.key)
+                    while len(self._recipes) > _MAX_RECIPES:
+                        self._recipes.popitem(last=False)
         if done.detached:
             retention = finding.retention
             _stats.count_at(STORE, finding.key, done.detached, done.released, retention.pinned_bytes)
@@ -597,7 +634,7 @@ def _warn(message: str, at: Any) -> None:
 
 
 def _parameter_ids(optimizers: tuple[Any, ...], alive: list[Any]) -> tuple[frozenset[int], frozenset[int]]:
-    """The ids of the parameters ``optimizers`` update, and of those every live optimizer updates."""
+    """The ids of the parameters ``optimizers`` update, and of those every known live optimizer updates."""
     own = frozenset(id(p) for o in optimizers for group in o.param_groups for p in group["params"])
     known = frozenset(id(p) for o in alive for group in o.param_groups for p in group["params"])
     return own, known

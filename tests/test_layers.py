@@ -34,6 +34,7 @@ LAYERS: list[set[str]] = [
         "_audit",
         "_criterion",
         "_repair",
+        "_recipes",
         "_schedule",
         "_watch",
         "_memory",

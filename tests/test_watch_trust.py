@@ -249,9 +249,10 @@ def test_holders_the_repair_cannot_rebuild_are_reported_not_repaired_and_stay_al
     keys: dict[Any, int] = {}
     sets: list[frozenset[Any]] = []
     HOLDERS.update(callbacks=callbacks, keys=keys, sets=sets)
-    with warnings.catch_warnings(record=True) as caught, gradguard.watch(
-        every=1, mode="detach", ignore=elsewhere
-    ) as scope:
+    with (
+        warnings.catch_warnings(record=True) as caught,
+        gradguard.watch(every=1, mode="detach", ignore=elsewhere) as scope,
+    ):
         warnings.simplefilter("always")
         for step in range(4):
             loss = model(torch.randn(4, 8)).pow(2).mean()
@@ -484,9 +485,10 @@ def test_a_per_step_str_keyed_dict_is_one_holder_and_warns_once() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     metrics: dict[str, Any] = {}
     HOLDERS["metrics"] = metrics
-    with pytest.warns(gradguard.GraphRetentionWarning) as caught, gradguard.watch(
-        every=1, mode="warn", ignore=elsewhere
-    ) as scope:
+    with (
+        pytest.warns(gradguard.GraphRetentionWarning) as caught,
+        gradguard.watch(every=1, mode="warn", ignore=elsewhere) as scope,
+    ):
         for step in range(8):
             loss = model(torch.randn(4, 8)).pow(2).mean()
             loss.backward()
@@ -686,4 +688,3 @@ def test_liveness_of_the_common_shapes() -> None:
     assert alive(ckpt)
     ckpt.sum().backward()
     assert not alive(ckpt)
-
