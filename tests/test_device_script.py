@@ -116,7 +116,15 @@ def test_dry_run_prints_the_cuda_run_and_runs_nothing(wheels: Path, tmp_path: Pa
     proc = run_sh("--dry-run", str(out), GRADGUARD_WHEELS=str(wheels))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     steps = dict(re.findall(r"^=== ([\w-]+): (.*)$", proc.stdout, re.M))
-    assert list(steps) == ["install", "doctor", "cuda-tests", "bench-defaults", "bench-seed-pp4", "bench-megatron-gpt"]
+    assert list(steps) == [
+        "install",
+        "doctor",
+        "cuda-tests",
+        "bench-defaults",
+        "bench-seed-pp4",
+        "bench-megatron-gpt",
+        "bench-late-leak",
+    ]
     assert "--no-index --no-deps" in steps["install"] and f"{wheels}/" in steps["install"]
     assert "--python-version" not in steps["install"]  # the device's Python is the wheels' 3.12
     assert steps["doctor"].endswith("-P -m gradguard doctor")
@@ -125,6 +133,9 @@ def test_dry_run_prints_the_cuda_run_and_runs_nothing(wheels: Path, tmp_path: Pa
     assert re.search(r"--device cuda --preset seed-pp4 --json \S+$", steps["bench-seed-pp4"])
     assert re.search(
         r"--device cuda --preset seed-pp4 --scenario megatron-gpt --micro-batches 64 ", steps["bench-megatron-gpt"]
+    )
+    assert re.search(
+        r"--device cuda --late-leak --scenario pp-last-stage --scenario lora-checkpoint ", steps["bench-late-leak"]
     )
     assert "--te is added to the defaults run only if Transformer Engine imports there" in proc.stdout
     assert list(out.iterdir()) == []  # nothing written
@@ -167,7 +178,7 @@ def test_run_sh_names_scenarios_and_presets_the_bench_has() -> None:
     text = RUN_SH.read_text()
     scenarios = set(re.findall(r"--scenario ([\w-]+)", text))
     presets = set(re.findall(r"--preset ([\w-]+)", text))
-    assert scenarios == {"megatron-gpt", "pp-last-stage"} and scenarios <= set(SCENARIOS)
+    assert scenarios == {"megatron-gpt", "pp-last-stage", "lora-checkpoint"} and scenarios <= set(SCENARIOS)
     assert presets == {"seed-pp4"} and presets <= set(PRESETS)
 
 
@@ -300,13 +311,19 @@ def test_carried_wheels_install_offline_into_a_fresh_python312_venv(wheels: Path
 
 
 @pytest.mark.integration
-def test_cpu_mode_runs_every_step_and_writes_the_four_files(wheels: Path, tmp_path: Path) -> None:
+def test_cpu_mode_runs_every_step_and_writes_the_five_files(wheels: Path, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     require_engine("megatron.core.pipeline_parallel.schedules")
     out = tmp_path / "out"
     proc = run_sh("--cpu", str(out), GRADGUARD_WHEELS=str(wheels), PYTHON=sys.executable)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["bench-cpu.json", "bench-cpu.md", "bench-cpu.png", "run.log"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "bench-cpu.json",
+        "bench-cpu.md",
+        "bench-cpu.png",
+        "late-leak-cpu.png",
+        "run.log",
+    ]
     log = (out / "run.log").read_text()
     assert log == proc.stdout
     site = re.search(r"^gradguard from (\S+)/gradguard/__init__\.py$", log, re.M)
@@ -316,14 +333,25 @@ def test_cpu_mode_runs_every_step_and_writes_the_four_files(wheels: Path, tmp_pa
     summary = json.loads((out / "bench-cpu.json").read_text())
     assert [(s["name"], s["rc"]) for s in summary["steps"]] == [
         (name, "0")
-        for name in ("install", "doctor", "cuda-tests", "bench-defaults", "bench-seed-pp4", "bench-megatron-gpt")
+        for name in (
+            "install",
+            "doctor",
+            "cuda-tests",
+            "bench-defaults",
+            "bench-seed-pp4",
+            "bench-megatron-gpt",
+            "bench-late-leak",
+        )
     ]
     runs = summary["runs"]
+    late = runs.pop("late-leak")
     assert {n: sorted(r["scenarios"]) for n, r in runs.items()} == {
         "defaults": ["lora-checkpoint", "pp-last-stage"],
         "seed-pp4": ["pp-last-stage"],
         "megatron-gpt": ["megatron-gpt"],
     }
+    leak = late["late_leak"]["lora-checkpoint"]
+    assert leak["leak_start"] == 20 and leak["watched"]["reported_at"] - 20 <= 5  # found within five boundaries
     for report in runs.values():
         for r in report["scenarios"].values():
             pin, record = r["expected_pinned_bytes_per_microbatch"], r["record_bytes_per_microbatch"]
@@ -334,6 +362,7 @@ def test_cpu_mode_runs_every_step_and_writes_the_four_files(wheels: Path, tmp_pa
     assert "| megatron-gpt | megatron-gpt | unguarded | 4 | 526,336 B | 2,048 B | 524,288 B |" in md
     assert "- seed-pp4 / pp-last-stage: guarded slope ≤ 1% of the unguarded slope: " in md
     assert (out / "bench-cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "A leak that starts late (late-leak):" in md and "lora-checkpoint  20" in md
 
 
 @pytest.mark.integration

@@ -10,8 +10,10 @@
 #   4. gradguard bench --device cuda --preset seed-pp4    (45.4 MiB per micro-batch x 1024; a run
 #      whose allocated memory passes 85% of the device stops there: the bench's memory cap)
 #   5. gradguard bench --device cuda --preset seed-pp4 --scenario megatron-gpt --micro-batches 64
+#   6. gradguard bench --device cuda --late-leak (a leak that starts late: the step the watch reports
+#      it at, memory after repair, the watch's share of a clean run, CUDA's memory figure)
 #      (the real schedule around a GPTModel at the seed's activation size: >= 2.8 GiB unguarded)
-# and writes OUTDIR/bench-cuda.{json,md,png} and OUTDIR/run.log (4 files). Every step has a time
+# and writes OUTDIR/bench-cuda.{json,md,png}, OUTDIR/late-leak-cuda.png and OUTDIR/run.log (5 files). Every step has a time
 # limit and the whole script a budget (GRADGUARD_DEVICE_BUDGET_S, default 450 s); a failing step is
 # recorded and the others still run; the exit status is 1 if any step failed.
 #
@@ -148,6 +150,8 @@ main() {
     step bench-seed-pp4 180 "${bench[@]}" --device cuda --preset seed-pp4 --json "$work/seed-pp4.json"
     step bench-megatron-gpt 150 "${bench[@]}" --device cuda --preset seed-pp4 --scenario megatron-gpt \
       --micro-batches 64 --json "$work/megatron-gpt.json"
+    step bench-late-leak 120 "${bench[@]}" --device cuda --late-leak --scenario pp-last-stage \
+      --scenario lora-checkpoint --leak-start 300 --steps 600 --clean-steps 1000 --json "$work/late-leak.json"
   else
     # the CPU fallbacks: the same scenarios at the default size, a few micro-batches each (the seed
     # preset refuses on CPU: its scenario runs instead, with an explicit memory cap it stays under)
@@ -156,13 +160,16 @@ main() {
       --memory-cap 4 --json "$work/seed-pp4.json"
     step bench-megatron-gpt 120 "${bench[@]}" --device cpu --scenario megatron-gpt --micro-batches 4 \
       --json "$work/megatron-gpt.json"
+    step bench-late-leak 120 "${bench[@]}" --device cpu --late-leak --scenario lora-checkpoint \
+      --leak-start 20 --steps 40 --clean-steps 40 --json "$work/late-leak.json"
   fi
 
   echo
   echo "=== summary"
   if [ "$mode" != dry ]; then
     "${py[@]}" "$repo/benchmarks/device/summarize.py" --out "$outdir" --label "$target" --steps "$work/steps.tsv" \
-      defaults="$work/defaults.json" seed-pp4="$work/seed-pp4.json" megatron-gpt="$work/megatron-gpt.json" || failed=1
+      defaults="$work/defaults.json" seed-pp4="$work/seed-pp4.json" megatron-gpt="$work/megatron-gpt.json" \
+      late-leak="$work/late-leak.json" || failed=1
     cut -f1,2,3 "$work/steps.tsv" | sed 's/^/  /'
   else
     echo "dry run: nothing ran; the steps above would write $outdir/bench-$target.{json,md,png} and $outdir/run.log"

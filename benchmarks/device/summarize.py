@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from gradguard._bench.report import verdicts
+from gradguard._bench.report import late_table, verdicts
 
 MiB = 2**20
 
@@ -94,7 +94,7 @@ def markdown(summary: dict[str, Any]) -> str:
         if report is None:
             lines.append(f"| {run_name} | (no report: the step failed or did not run) | | | | | | | | |")
             continue
-        for name, r in report["scenarios"].items():
+        for name, r in report.get("scenarios", {}).items():
             for run in ("unguarded", "guarded"):
                 x = r[run]
                 done = len(x["allocated_bytes"])
@@ -115,13 +115,17 @@ def markdown(summary: dict[str, Any]) -> str:
     for run_name, report in summary["runs"].items():
         if report is None:
             continue
-        for name, r in report["scenarios"].items():
+        for name, r in report.get("scenarios", {}).items():
             for check, ok, detail in verdicts(r):
                 mark = "" if check.startswith("step") else (" ✓" if ok else " ✗")
                 lines.append(f"- {run_name} / {name}: {check}: {detail}{mark}")
         if run_name == "seed-pp4":
             for check, ok, detail in seed_targets(report):
                 lines.append(f"- {run_name} / {check}: {detail} {'✓' if ok else '✗'}")
+    for run_name, report in summary["runs"].items():
+        if report is not None and "late_leak" in report:
+            lines += ["", f"A leak that starts late ({run_name}):", "", "```", late_table(report), "```"]
+            lines += ["", f"![memory after each step, a leak starting late](late-leak-{summary['label']}.png)"]
     lines += ["", f"![allocated bytes after each micro-batch](bench-{summary['label']}.png)", ""]
     return "\n".join(lines)
 
@@ -159,14 +163,17 @@ def main(argv: list[str] | None = None) -> int:
     stem.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
     stem.with_suffix(".md").write_text(markdown(summary))
     if read:
-        from gradguard._bench.report import plot
+        from gradguard._bench.report import late_plot, plot
 
-        merged = {
-            "device": summary["device"],
-            "torch": summary["torch"],
-            "scenarios": {f"{n} / {s}": r for n, rep in runs.items() if rep for s, r in rep["scenarios"].items()},
-        }
-        plot(merged, str(stem.with_suffix(".png")))
+        growth = {f"{n} / {s}": r for n, rep in runs.items() if rep for s, r in rep.get("scenarios", {}).items()}
+        if growth:
+            plot(
+                {"device": summary["device"], "torch": summary["torch"], "scenarios": growth},
+                str(stem.with_suffix(".png")),
+            )
+        for rep in runs.values():
+            if rep is not None and "late_leak" in rep:
+                late_plot(rep, str(args.out / f"late-leak-{args.label}.png"))
     print(f"summarize: wrote {stem}.json, {stem}.md" + (f", {stem}.png" if read else " (no plot: no report)"))
     return 0 if read else 1
 

@@ -107,7 +107,11 @@ def late_verdicts(result: dict[str, Any]) -> list[tuple[str, bool, str]]:
     """``(check, passed, detail)`` per target of the late-leak measurement, for one scenario."""
     start, watched, clean = result["leak_start"], result["watched"], result["clean"]["watched"]
     reported = watched["reported_at"]
-    grown = {run: result[run]["memory"][-1] - result[run]["memory"][start - 1] for run in ("unwatched", "watched")}
+    memory = {run: result[run]["memory"] for run in ("unwatched", "watched")}
+    grown = {run: values[-1] - values[start - 1] for run, values in memory.items()}
+    after = memory["watched"][reported:] if reported is not None else []
+    fell = min(after) - memory["watched"][start - 1] if after else None
+    per_step = result["bytes_per_step"]
     return [
         (
             f"reported within {REPORT_WITHIN} boundaries of the leak's start",
@@ -115,9 +119,10 @@ def late_verdicts(result: dict[str, Any]) -> list[tuple[str, bool, str]]:
             f"started at step {start}, reported at {reported}",
         ),
         (
-            "repaired in detach mode: grown since the leak's start < 25% of the unwatched run's",
-            watched["outcome"] == "repaired" and grown["watched"] < 0.25 * grown["unwatched"],
-            f"{watched['outcome']}; {grown['watched'] / MiB:+.1f} MiB vs {grown['unwatched'] / MiB:+.1f} MiB unwatched",
+            "repaired in detach mode: memory falls back to within 4 steps' leak of where it started",
+            watched["outcome"] == "repaired" and fell is not None and fell <= 4 * per_step,
+            f"{watched['outcome']}; lowest after the report {0 if fell is None else fell / MiB:+.2f} MiB; at the end "
+            f"{grown['watched'] / MiB:+.1f} MiB vs {grown['unwatched'] / MiB:+.1f} MiB unwatched",
         ),
         (
             f"clean run: the watch's share of the wall time ≤ {CLEAN_SHARE:.1%}",
