@@ -2,8 +2,8 @@
 
 The conventions (docs/development.md, "Documentation"), read from the Markdown source:
 
-* A fenced ``python`` block is run: each block of a page in a fresh ``__main__`` module, in one
-  interpreter per page (``import torch`` once), in a scratch folder of its own for that page.
+* A fenced ``python`` block is run: each in a fresh ``__main__`` module, in the page's scratch
+  folder; the blocks of every page run in one interpreter (``import torch`` once), page after page.
 * A fenced ``console`` block is run: each line starting with ``$ `` is a command (a trailing ``\\``
   continues it), the lines after it are the output expected from it. A fenced ``bash`` block is run
   line by line, with no output to compare. Commands run with ``bash`` in the page's scratch folder,
@@ -33,7 +33,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +43,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 RUN = {"python", "console", "bash"}
 NOT_CODE = {"text", "yaml", "toml", "json"}
-PAGE_TIMEOUT_S = 600  # one page's Python blocks together; each takes seconds
 COMMAND_TIMEOUT_S = 300
 
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)(?P<info>[^`]*)$")
@@ -85,7 +83,9 @@ def blocks(page: Path) -> list[Block]:
         lang = fence["info"].strip().split(" ")[0].split("{")[0]
         body: list[str] = []
         i += 1
-        while i < len(lines) and not re.match(rf"^ {{0,{indent + 3}}}{re.escape(mark[0])}{{{len(mark)},}}\s*$", lines[i]):
+        while i < len(lines) and not re.match(
+            rf"^ {{0,{indent + 3}}}{re.escape(mark[0])}{{{len(mark)},}}\s*$", lines[i]
+        ):
             body.append(lines[i][indent:] if lines[i][:indent].strip() == "" else lines[i])
             i += 1
         found.append(Block(page, i - len(body), lang, "\n".join(body) + "\n", directives))
@@ -97,13 +97,13 @@ def blocks(page: Path) -> list[Block]:
 ALL = {page: blocks(page) for page in PAGES}
 
 
-def _env(scratch: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in {"GRADGUARD", "GRADGUARD_AUDIT", "GRADGUARD_REPORT_DIR"}}
+def _env() -> dict[str, str]:
+    unset = {"GRADGUARD", "GRADGUARD_AUDIT", "GRADGUARD_REPORT_DIR", "GRADGUARD_RUN_AUDIT", "COLUMNS"}
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["NO_MKDOCS_2_WARNING"] = "1"
-    env["COLUMNS"] = "200"
     return env
 
 
@@ -156,7 +156,7 @@ def summary_lines() -> list[str]:
 def test_every_block_is_accounted_for() -> None:
     """Each fenced block is run, written as a file, excluded with a reason, or not code at all."""
     wrong = []
-    for page, found in ALL.items():
+    for found in ALL.values():
         for block in found:
             d = block.directives
             if block.lang in RUN:
@@ -182,35 +182,42 @@ def test_every_block_is_accounted_for() -> None:
 
 _RUNNER = r"""
 import contextlib, gc, io, json, os, sys, time, traceback, types, warnings
-blocks = json.load(sys.stdin)
-results = []
-namespace = None
-for block in blocks:
-    if not block["continue"] or namespace is None:
-        if namespace is not None:
-            namespace.__dict__.clear()
-        namespace = types.ModuleType("__main__")
-        namespace.__dict__["__builtins__"] = __builtins__
-        gc.collect()
-        if "gradguard" in sys.modules:
-            sys.modules["gradguard"].reset_stats()
-    sys.modules["__main__"] = namespace
-    out = io.StringIO()
-    start = time.perf_counter()
-    print("docs block", block["where"], file=sys.__stderr__, flush=True)
-    error = None
-    try:
-        code = compile(block["code"], block["filename"], "exec")
-        with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            exec(code, namespace.__dict__)
-    except BaseException:
-        error = traceback.format_exc()
-    results.append({"where": block["where"], "output": out.getvalue(), "error": error,
-                    "seconds": time.perf_counter() - start})
-    if error is not None:
-        break
+pages = json.load(sys.stdin)
+results = {}
+for page in pages:
+    os.chdir(page["scratch"])
+    done = results[page["page"]] = []
+    namespace = None
+    for block in page["blocks"]:
+        if not block["continue"] or namespace is None:
+            if namespace is not None:
+                namespace.__dict__.clear()
+            namespace = types.ModuleType("__main__")
+            namespace.__dict__["__builtins__"] = __builtins__
+            gc.collect()
+            if "gradguard" in sys.modules:
+                sys.modules["gradguard"].reset_stats()
+                sys.modules["gradguard"].set_mode(None)
+        sys.modules["__main__"] = namespace
+        out = io.StringIO()
+        start = time.perf_counter()
+        print("docs block", block["where"], file=sys.__stderr__, flush=True)
+        error = None
+        try:
+            code = compile(block["code"], block["filename"], "exec")
+            with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                exec(code, namespace.__dict__)
+        except BaseException:
+            error = traceback.format_exc()
+        done.append({"where": block["where"], "output": out.getvalue(), "error": error,
+                     "seconds": time.perf_counter() - start})
+        if error is not None:
+            break  # the page's later blocks may depend on this one
+    if namespace is not None:
+        namespace.__dict__.clear()
 print(json.dumps(results))
 """
+RUNNER_TIMEOUT_S = 900  # every page's Python blocks together; they take about half a minute
 
 
 def _python_blocks(page: Path) -> list[Block]:
@@ -230,8 +237,9 @@ def _outputs(page: Path) -> dict[int, Block]:
     return expected
 
 
-def _scratch(page: Path, root: Path) -> Path:
+def _write_files(page: Path, root: Path) -> Path:
     """The page's scratch folder, with its ``<!-- file: NAME -->`` blocks written into it."""
+    root.mkdir()
     for block in ALL[page]:
         name = block.directives.get("file")
         if block.lang == "python" and name and "fragment" not in block.directives:
@@ -249,31 +257,37 @@ def _page_id(page: Path) -> str:
 RUNNABLE = [p for p in PAGES if any(b.lang in RUN and "fragment" not in b.directives for b in ALL[p])]
 
 
-@pytest.mark.parametrize("page", RUNNABLE, ids=_page_id)
-def test_page(page: Path) -> None:
-    """The page's python blocks, then its shell blocks, in its scratch folder."""
-    with tempfile.TemporaryDirectory(prefix="gradguard-docs-") as tmp:
-        scratch = _scratch(page, Path(tmp))
-        env = _env(scratch)
-        _run_python(page, scratch, env)
-        for block in ALL[page]:
-            if block.lang in {"console", "bash"} and "fragment" not in block.directives:
-                cwd = ROOT if block.directives.get("cwd") == "repo" else scratch
-                _run_shell(block, cwd, env)
+@dataclass
+class Pages:
+    """Every page's scratch folder, and what its Python blocks did (run once, in one interpreter)."""
+
+    scratch: dict[Path, Path]
+    env: dict[str, str]
+    results: dict[str, list[dict[str, object]]] | None = None
+    failure: str | None = None
 
 
-def _run_python(page: Path, scratch: Path, env: dict[str, str]) -> None:
-    found = _python_blocks(page)
-    if not found:
-        return
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory: pytest.TempPathFactory) -> Pages:
+    root = tmp_path_factory.mktemp("docs")
+    scratch = {page: _write_files(page, root / f"page{i}") for i, page in enumerate(RUNNABLE)}
+    state = Pages(scratch, _env())
     payload = [
         {
-            "where": b.where,
-            "filename": str(b.page.relative_to(ROOT)),
-            "code": "\n" * b.line + b.code,  # tracebacks give the page's own line numbers
-            "continue": "continue" in b.directives,
+            "page": _page_id(page),
+            "scratch": str(scratch[page]),
+            "blocks": [
+                {
+                    "where": b.where,
+                    "filename": _page_id(page),
+                    "code": "\n" * b.line + b.code,  # tracebacks and warnings give the page's own line numbers
+                    "continue": "continue" in b.directives,
+                }
+                for b in _python_blocks(page)
+            ],
         }
-        for b in found
+        for page in RUNNABLE
+        if _python_blocks(page)
     ]
     try:
         proc = subprocess.run(
@@ -281,28 +295,44 @@ def _run_python(page: Path, scratch: Path, env: dict[str, str]) -> None:
             input=json.dumps(payload),
             capture_output=True,
             text=True,
-            cwd=scratch,
-            env=env,
-            timeout=PAGE_TIMEOUT_S,
+            cwd=root,
+            env=state.env,
+            timeout=RUNNER_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired as exc:
         started = re.findall(r"^docs block (\S+)", (exc.stderr or b"").decode(errors="replace"), re.M)
-        pytest.fail(f"{_page_id(page)}: timed out after {PAGE_TIMEOUT_S} s in the block at {started[-1:]}")
-    assert proc.returncode == 0 and proc.stdout.strip(), (
-        f"{_page_id(page)}: the runner exited {proc.returncode}\n{proc.stderr[-4000:]}"
-    )
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    expected = _outputs(page)
-    for block, result in zip(found, results):
-        assert result["error"] is None, f"{block.where}: the block failed\n{result['output']}\n{result['error']}"
-        SUMMARY["python"].append(f"{block.where} ({result['seconds']:.1f} s)")
-        want = expected.get(block.line)
-        if want is not None:
-            missing = matches(want.code, result["output"])
-            assert missing is None, (
-                f"{block.where}: its output differs from {want.where}: {missing}\n--- output\n{result['output']}"
-            )
-    assert len(results) == len(found), f"{_page_id(page)}: {len(found) - len(results)} blocks did not run"
+        state.failure = f"the Python blocks timed out after {RUNNER_TIMEOUT_S} s, in the block at {started[-1:]}"
+        return state
+    if proc.returncode != 0 or not proc.stdout.strip():
+        state.failure = f"the runner of the Python blocks exited {proc.returncode}\n{proc.stderr[-4000:]}"
+        return state
+    state.results = json.loads(proc.stdout.strip().splitlines()[-1])
+    return state
+
+
+@pytest.mark.parametrize("page", RUNNABLE, ids=_page_id)
+def test_page(page: Path, pages: Pages) -> None:
+    """The page's python blocks (run by the ``pages`` fixture), then its shell blocks, in its scratch folder."""
+    found = _python_blocks(page)
+    if found:
+        assert pages.failure is None, pages.failure
+        assert pages.results is not None
+        results = pages.results[_page_id(page)]
+        expected = _outputs(page)
+        for block, result in zip(found, results):
+            assert result["error"] is None, f"{block.where}: the block failed\n{result['output']}\n{result['error']}"
+            SUMMARY["python"].append(f"{block.where} ({result['seconds']:.1f} s)")
+            want = expected.get(block.line)
+            if want is not None:
+                missing = matches(want.code, str(result["output"]))
+                assert missing is None, (
+                    f"{block.where}: its output differs from {want.where}: {missing}\n--- output\n{result['output']}"
+                )
+        assert len(results) == len(found), f"{_page_id(page)}: {len(found) - len(results)} blocks did not run"
+    for block in ALL[page]:
+        if block.lang in {"console", "bash"} and "fragment" not in block.directives:
+            cwd = ROOT if block.directives.get("cwd") == "repo" else pages.scratch[page]
+            _run_shell(block, cwd, pages.env)
 
 
 def commands(block: Block) -> list[tuple[str, str]]:
