@@ -18,7 +18,9 @@ The conventions (docs/development.md, "Documentation"), read from the Markdown s
   (a later command runs it); ``<!-- continue -->`` runs a ``python`` block in the namespace of the
   one before it; ``<!-- output -->`` before a ``text`` block makes it the expected output (stdout and
   stderr) of the ``python`` block before it; ``<!-- cwd: repo -->`` runs a shell block in the
-  repository's root (a developer's command) instead of the scratch folder.
+  repository's root (a developer's command) instead of the scratch folder. ``<!-- requires: a, b -->``
+  anywhere in a page names modules its examples need: without them the page is skipped, or fails
+  under ``GRADGUARD_REQUIRE_ENGINES=1`` (CI), as the integration tests do.
 * Any other fenced block must be of a language that is not code to run (``text``, ``yaml``,
   ``toml``, ``json``): a ``py``, ``sh`` or unlabelled block fails :func:`test_every_block_is_accounted_for`.
 
@@ -28,6 +30,7 @@ session by ``tests/conftest.py``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -95,6 +98,14 @@ def blocks(page: Path) -> list[Block]:
 
 
 ALL = {page: blocks(page) for page in PAGES}
+
+_REQUIRES = re.compile(r"^\s*<!--\s*requires:\s*(?P<modules>.*?)\s*-->\s*$", re.M)
+
+
+def requires(page: Path) -> list[str]:
+    """The top-level modules a page's examples need (``<!-- requires: a, b -->`` anywhere in it)."""
+    found = _REQUIRES.findall(page.read_text(encoding="utf-8"))
+    return [m.strip() for line in found for m in line.split(",") if m.strip()]
 
 
 def _env() -> dict[str, str]:
@@ -313,6 +324,11 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> Pages:
 @pytest.mark.parametrize("page", RUNNABLE, ids=_page_id)
 def test_page(page: Path, pages: Pages) -> None:
     """The page's python blocks (run by the ``pages`` fixture), then its shell blocks, in its scratch folder."""
+    for module in requires(page):
+        if importlib.util.find_spec(module) is None:  # top-level names only: nothing is imported here
+            if os.environ.get("GRADGUARD_REQUIRE_ENGINES") == "1":
+                pytest.fail(f"{_page_id(page)} needs {module} (GRADGUARD_REQUIRE_ENGINES=1), which is not installed")
+            pytest.skip(f"{_page_id(page)} needs {module}, which is not installed")
     found = _python_blocks(page)
     if found:
         assert pages.failure is None, pages.failure
