@@ -42,3 +42,15 @@ def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def _scope_left() -> str | None:
     """The mode of an enforce() scope still entered in this context, if any."""
     return _policy._enforced.get()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """What tests/test_docs.py ran and excluded, when it ran."""
+    import sys
+
+    docs = sys.modules.get("test_docs")
+    lines = docs.summary_lines() if docs is not None else []
+    if lines:
+        terminalreporter.section("docs examples")
+        for line in lines:
+            terminalreporter.write_line(line)

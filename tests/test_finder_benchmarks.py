@@ -1,6 +1,6 @@
 """The audit and watch benchmarks (``benchmarks/audit``, ``benchmarks/watch.py``) run and write their
 schema; the committed results carry their machine line. No timing is asserted here: the benchmarks
-measure, the README and ``benchmarks/results/`` report."""
+measure, docs/benchmarks.md and ``benchmarks/results/`` report."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ leaking run must give a finding from the training process, tagged with its rank 
 one merged summary, and exit non-zero under ``--mode raise``; a clean run exits 0 and says what it
 checked.
 
-Each test is one ``gradguard run`` of the README's "Launchers" line (with a free port and a run folder
+Each test is one ``gradguard run`` of a line of docs/guide/launchers.md's table (with a free port and a run folder
 of the test's own); the launchers' start-up dominates, so the programs train three tiny steps.
 """
 
@@ -107,7 +107,7 @@ import sys
 
 import ray
 
-# An existing cluster would take the variables as runtime_env={"env_vars": ...} (README, "Launchers").
+# An existing cluster would take the variables as runtime_env={"env_vars": ...} (docs/guide/launchers.md).
 runtime_env = {"env_vars": json.loads(os.environ["GRADGUARD_ENV_JSON"])} if "GRADGUARD_ENV_JSON" in os.environ else None
 ray.init(
     num_cpus=2,
