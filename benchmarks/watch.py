@@ -10,9 +10,11 @@ emptied when the step ends, as the engines do) and one ``optimizer.step()``: the
   every audit after the first compares with the previous one). The cost per audited step is the
   median of the within-round differences; the watcher's own measurement of its audits is reported
   beside it.
-* *every="auto"* (the default): ``--auto-seconds`` of steps inside ``gradguard.watch()``; the share is
-  the audits' time over the run's wall time, in total and after the first two boundaries (which
-  ``auto`` always audits), with how many audits ran.
+* *every="auto" on time alone*: ``--auto-seconds`` of steps inside ``gradguard.watch(memory=False)``
+  (the schedule where no memory figure can be read); the share is the audits' time over the run's
+  wall time, in total and after the first two boundaries (which that schedule always audits), with
+  how many audits ran. The default, with the memory trigger, is measured by ``gradguard bench
+  --late-leak`` (a clean run's share, and a leak that starts late).
 
 The loops are clean, so every audit finds nothing to act on: what is measured is the search.
 Its cost grows with the number of live objects in the process, reported per scenario.
@@ -106,7 +108,7 @@ def measure(
         own_s = watcher.audit_seconds / watcher.audits
         say(f"  {name}: step {step_s * 1e3:.1f} ms, audited step +{cost_s * 1e3:.1f} ms (own {own_s * 1e3:.1f} ms)")
 
-        auto = gradguard.watch(mode="warn")  # every="auto"
+        auto = gradguard.watch(mode="warn", memory=False)  # every="auto", on time alone
         with auto:
             start = time.perf_counter()
             step()
@@ -209,8 +211,10 @@ _METHOD = (
     "one thread) repeated for the micro-batches of one step, then `optimizer.step()`. *audited step*: the same "
     "step inside `gradguard.watch(every=1)`, interleaved with bare steps; *cost per audited step*: the median "
     "of the within-round differences. *every for 1%*: the `every` at which that cost is 1% of a step. *auto*: "
-    "a run inside `gradguard.watch()` (the default, `every='auto'`): the audits' own time over the run's wall "
-    "time, in total and after the first two boundaries (always audited, so that a leak shows at the second)."
+    "a run inside `gradguard.watch(memory=False)` (`every='auto'` on time alone, the schedule without a memory "
+    "figure): the audits' own time over the run's wall time, in total and after the first two boundaries "
+    "(always audited, so that a leak shows at the second). The default schedule, with the memory trigger, is "
+    "measured by `gradguard bench --late-leak`."
 )
 
 

@@ -447,7 +447,6 @@ def fix(path: Path, tensor: torch.Tensor) -> str:
             "which gradguard cannot guard"
         )
     first = path[start]
-    prefix = _prefix(path, start, owners)
     argument = start == 0 and first.kind == "local" and len(path) > 1 and _is_argument(first.owner, first.key)
     if argument and path[1].kind == "item" and _releases(path, 1, tensor):
         frame = first.owner
@@ -460,13 +459,13 @@ def fix(path: Path, tensor: torch.Tensor) -> str:
         store = _STORES.get(type(reached[j]))
         named = all(e.kind in _NAMING or (e.kind == "item" and isinstance(e.key, str)) for e in path[start : j + 1])
         if store is not None and named and path[j + 1].kind == "item" and _releases(path, j + 1, tensor):
-            return f"{prefix}{_name(path[start : j + 1])} = gradguard.guard({store}) ({_where(path, start)})"
+            return f"{_spelled(path, start, j + 1, owners)} = gradguard.guard({store}) ({_where(path, start)})"
     for j in range(len(path) - 1, start - 1, -1):
         kind = path[j].kind
         if kind in ("key", "member"):
             where = "the keys of" if kind == "key" else "the set"
             return (
-                f"put a detached value (t.detach() or t.item()) in {where} {prefix}{_name(path[start:j]) or 'it'}: "
+                f"put a detached value (t.detach() or t.item()) in {where} {_spelled(path, start, j, owners) or 'it'}: "
                 "a tensor kept as a dict key or a set member keeps its graph"
             )
     library = next((o for o in owners[start:] if not o.program), None)
@@ -475,14 +474,17 @@ def fix(path: Path, tensor: torch.Tensor) -> str:
             f"pass a detached value (t.detach() or t.item()) to {library.what}: it is {library.label}'s state, "
             "which gradguard cannot guard"
         )
-    return f"detach before storing into {prefix}{_name(path[start:])} ({_where(path, start)})"
+    return f"detach before storing into {_spelled(path, start, len(path), owners)} ({_where(path, start)})"
 
 
-def _prefix(path: Path, start: int, owners: list[Owner]) -> str:
-    """How the fix names a path that starts inside a library's state: from the program's object there."""
+def _spelled(path: Path, start: int, end: int, owners: list[Owner]) -> str:
+    """``path[start:end]`` as the program names it: from its first edge's own name (``HISTORY``,
+    ``trainer.metrics``), or, when the path starts inside a library's state, from the program's object
+    there (``self.training_step_outputs``)."""
     if start == 0:
-        return ""
-    return "self" if path[start].kind in ("attr", "slot") else f"<{owners[start].what}>"
+        return _name(path[:end]) if end else ""
+    what = "self" if path[start].kind in ("attr", "slot") else f"<{owners[start].what}>"
+    return what + spell_steps(path[start:end])
 
 
 def _releases(path: Path, j: int, tensor: torch.Tensor) -> bool:

@@ -306,7 +306,8 @@ def _settings_options(parser: argparse.ArgumentParser) -> None:
         "--audit-every",
         metavar="N",
         help="audit every N-th optimizer step in each process; auto (the default, or GRADGUARD_AUDIT when set): "
-        "as often as keeps the audits under 1%% of the run's time; 0/off: no watch",
+        "when the memory in use grows, and behind that as often as keeps the audits within a small share of "
+        "the run's time; 0/off: no watch",
     )
     parser.add_argument(
         "--report-dir",

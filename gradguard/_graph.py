@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ._tree import iter_tensors
 
-__all__ = ["Unreached", "active_transform", "graph_memory", "pinned_bytes", "unreached_params"]
+__all__ = ["Unreached", "active_transform", "graph_memory", "pinned_bytes", "released_bytes", "unreached_params"]
 
 
 def _distinct_tensors(obj: Any) -> Iterator[torch.Tensor]:
@@ -82,6 +82,31 @@ def pinned_bytes(obj: Any) -> int:
     """
     roots = [t.grad_fn for t in _distinct_tensors(obj) if t.grad_fn is not None]
     return graph_memory(roots, set())[0]
+
+
+def released_bytes(obj: Any) -> int:
+    """Estimate the bytes that detaching ``obj``'s graph tensors releases: what their graphs keep
+    pinned once a backward has run through them (its saved tensors are freed by the backward anyway):
+    the leaves reached through ``AccumulateGrad`` that are not ``nn.Parameter``s, and their ``.grad``
+    (the leaf's size when the backward has not made it yet). Each storage once. In a forward-only
+    pass no backward frees the saved tensors: detaching then releases them too, and this
+    undercounts by their size (:func:`pinned_bytes` counts them)."""
+    counted: set[Hashable] = set()
+    total = 0
+    for node in _nodes(t.grad_fn for t in _distinct_tensors(obj) if t.grad_fn is not None):
+        leaf = getattr(node, "variable", None)
+        if leaf is None or _is_parameter(leaf):
+            continue
+        for part in (leaf, leaf.grad):
+            if part is None:  # the gradient the backward will make: the leaf's own size
+                total += sum(n for key, n in _memory(leaf, set()) if ("grad", key) not in counted)
+                counted.update(("grad", key) for key, _ in _memory(leaf, set()))
+                continue
+            for key, nbytes in _memory(part, set()):
+                if key not in counted:
+                    counted.add(key)
+                    total += nbytes
+    return total
 
 
 def graph_memory(roots: Iterable[Any], counted: set[Hashable], held: set[int] | None = None) -> tuple[int, int]:

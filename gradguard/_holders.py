@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from ._frames import frame_locals
+from ._ownership import library_of_module
 from ._paths import MODULE_STATE, Edge, Path, class_dict, instance_dict, is_a, module_dict, read_ref, sequence_items
 from ._roots import NamedRoot, live_roots
 
@@ -350,7 +351,8 @@ class _Search:
         named = [obj for obj, _ in self.named_roots]  # gradguard._roots (issue 18)
         # Named roots and module globals first, to the end: a thread's local names a target only where
         # nothing else reaches it.
-        for roots in (named, globals_, list(self.local_values.values())):
+        local = [self.local_values[oid] for oid in sorted(self.local_values, key=self._in_library)]
+        for roots in (named, globals_, local):
             queue: collections.deque[Any] = self.own(collections.deque())
             for root in roots:
                 if id(root) not in parent:
@@ -412,8 +414,11 @@ class _Search:
                     via[oid] = None
                     queue.append(oid)
             self._walk(queue, via, order)
-        for oid, kind in self.roots.items():
-            if kind == "local" and oid not in via:
+        # Thread locals last: those of the program's own frames before those of libraries' frames (a
+        # framework's loop holding the model is not where the program keeps it).
+        local = [oid for oid, kind in self.roots.items() if kind == "local"]
+        for oid in sorted(local, key=self._in_library):
+            if oid not in via:
                 via[oid] = None
                 queue.append(oid)
                 self._walk(queue, via, order)
@@ -433,6 +438,14 @@ class _Search:
                 node = via[node]
             result.append(self._rehome(chain[::-1], via))
         return result
+
+    def _in_library(self, oid: int) -> bool:
+        """Whether every frame whose local is ``oid`` runs a library's code."""
+        for index, _ in self.locals.get(oid, ()):
+            module = self.frames[index].f_globals.get("__name__")
+            if not isinstance(module, str) or library_of_module(module) is None:
+                return False
+        return True
 
     def _top(self, node: int, via: dict[int, int | None]) -> int:
         up = via[node]

@@ -21,7 +21,7 @@ from typing import Any
 
 from . import _stats
 from ._errors import GraphRetentionError, GraphRetentionWarning
-from ._graph import pinned_bytes
+from ._graph import pinned_bytes, released_bytes
 from ._message import human, retention
 from ._policy import OFF, RAISE, WARN, Mode, resolve
 from ._site import caller, location, warn_at
@@ -85,8 +85,7 @@ def _refuse_graphs(store: str, values: Iterable[Any]) -> None:
         if graphs:
             frame = caller()
             site = location(frame)
-            estimate = _stats.estimate_of(store, site)
-            message = retention(store, site, graphs, pinned_bytes(value) if estimate is None else estimate, "refused")
+            message = retention(store, site, graphs, pinned_bytes(value), "refused")
             raise GraphRetentionError(message)
 
 
@@ -99,13 +98,13 @@ def _site(store: str, mode: Mode, record: Any) -> _stats.Count:
         site = location(frame)
         estimate = _stats.estimate_of(store, site)
         if estimate is None:
-            estimate = pinned_bytes(record)
+            estimate = released_bytes(record)
         if mode == WARN:
-            _warn_once(store, site, "detached", find_graphs(record), estimate, frame)
+            _warn_once(store, site, "detached", find_graphs(record), pinned_bytes(record), frame)
         count, first = _stats.new_site(store, mode, frame, site, estimate)
         if first:
             logger.debug(
-                "gradguard: first graph-carrying record at %s into %s (~%s pinned)", site, store, human(estimate)
+                "gradguard: first graph-carrying record at %s into %s (~%s released)", site, store, human(estimate)
             )
     return count
 

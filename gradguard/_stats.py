@@ -47,8 +47,10 @@ class SiteStats:
     ``site`` is ``file:line`` of the code that published into the store, or, for records that carried
     no graph, the marker ``(no graph: site not resolved)`` (finding the caller is skipped on that
     path). ``records`` counts records that carried a graph, ``tensors_detached`` the distinct graph
-    tensors replaced in them. ``pinned_bytes_released`` is ``pinned_bytes`` of the site's first such
-    record times ``records``: an estimate, made once per site.
+    tensors replaced in them. ``pinned_bytes_per_record`` is what detaching the site's first such
+    record releases (the leaves that require grad, not parameters, and their gradients, which its graph keeps
+    once backward ran; in a forward-only pass the saved activations are released too and not counted)
+    and ``pinned_bytes_released`` that times ``records``: an estimate, made once per site.
     """
 
     store: str
@@ -63,7 +65,7 @@ class Stats(dict[tuple[str, str], SiteStats]):
     """``stats()``'s result: ``{(store, site): SiteStats}``; ``str()`` gives a table."""
 
     def __str__(self) -> str:
-        header = ("store", "site", "records", "tensors detached", "pinned released (est.)")
+        header = ("store", "site", "records", "tensors detached", "released (est.)")
         rows = [
             (display(s.store), display(s.site), str(s.records), str(s.tensors_detached), human(s.pinned_bytes_released))
             for s in self.values()

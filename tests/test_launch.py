@@ -169,7 +169,7 @@ def test_ranks_holding_the_same_holder_merge_into_one_row() -> None:
     assert lines[0] == "gradguard stats: no guarded store saw a record"
     assert lines[1] == (
         "gradguard watch: 8 step boundaries, 8 audited, in 3 processes; 1 holder kept autograd graphs across step "
-        "boundaries in 2 processes (4.0 KiB pinned at their last audit):"
+        "boundaries in 2 processes (4.0 KiB of tensors and ~0 B of graph nodes pinned at their last audit):"
     )
     assert lines[2].split() == [
         "holder", "processes", "tensors", "pinned", "(max)", "pinned", "(sum)", "nodes", "steps", "survived",

@@ -27,11 +27,11 @@ def record(n: int = 256) -> dict[str, Any]:
 
 
 class CountingPinnedBytes:
-    """A spy standing in for ``gradguard._publish.pinned_bytes``."""
+    """A spy standing in for ``gradguard._publish.released_bytes``, the per-site estimate."""
 
     def __init__(self) -> None:
         self.calls = 0
-        self.real = _publish.pinned_bytes
+        self.real = _publish.released_bytes
 
     def __call__(self, obj: Any) -> int:
         self.calls += 1
@@ -41,7 +41,7 @@ class CountingPinnedBytes:
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> CountingPinnedBytes:
     counting = CountingPinnedBytes()
-    monkeypatch.setattr(_publish, "pinned_bytes", counting)
+    monkeypatch.setattr(_publish, "released_bytes", counting)
     return counting
 
 
@@ -67,10 +67,11 @@ def test_per_site_records_tensors_and_bytes(spy: CountingPinnedBytes) -> None:
     assert (a.store, a.site) == ("output_lst", f"{HERE}:{line_a}")
     assert a.records == 10
     assert a.tensors_detached == 20  # two tensors per record
-    assert a.pinned_bytes_per_record == 256 * 4  # the shared leaf, counted once per record
-    assert a.pinned_bytes_released == 10 * 256 * 4
+    # what a detach releases: the shared leaf once per record, and the gradient backward would give it
+    assert a.pinned_bytes_per_record == 2 * 256 * 4
+    assert a.pinned_bytes_released == 10 * 2 * 256 * 4
     b = rows[("output_lst", f"{HERE}:{line_b}")]
-    assert (b.records, b.tensors_detached, b.pinned_bytes_released) == (2, 4, 2 * 1024)
+    assert (b.records, b.tensors_detached, b.pinned_bytes_released) == (2, 4, 2 * 2 * 1024)
     assert rows[("output_lst", UNRESOLVED)].records == 5  # 1 from extend + 4 appends
     assert rows[("output_lst", UNRESOLVED)].tensors_detached == 0
     assert spy.calls == 2  # one estimate per site, not per record
@@ -150,13 +151,13 @@ def test_str_is_a_readable_table() -> None:
     table = str(gradguard.stats())
     lines = table.splitlines()
     assert len(lines) == 4  # header, rule, two rows
-    for column in ("store", "site", "records", "tensors detached", "pinned"):
+    for column in ("store", "site", "records", "tensors detached", "released (est.)"):
         assert column in lines[0]
     assert set(lines[1].replace(" ", "")) == {"-"}
     graph_row = next(row for row in lines[2:] if f"{HERE}:{line}" in row)
     assert graph_row.split()[0] == "forward_data_store"
     assert graph_row.split()[2:4] == ["3", "6"]  # records, tensors detached
-    assert "12.0 KiB" in graph_row  # 3 records x 4 KiB leaf
+    assert "24.0 KiB" in graph_row  # 3 records x (a 4 KiB leaf and its 4 KiB gradient)
     clean_row = next(row for row in lines[2:] if UNRESOLVED in row)
     assert clean_row.startswith("forward_data_store") and " 1 " in clean_row
     assert str(gradguard.Stats()).splitlines()[0].split()[0] == "store"  # empty: header only

@@ -20,6 +20,7 @@ import itertools
 import sys
 import time
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -92,6 +93,7 @@ class LateLeak:
         self.name = f"run{next(_runs)}"
         self._state = types.SimpleNamespace(history=[])
         vars(_program())[self.name] = self._state
+        weakref.finalize(self, vars(_program()).pop, self.name, None)  # a run dropped without close()
         self.steps = 0
         self._microbatch = 0
 

@@ -215,11 +215,12 @@ def _watch(reports: list[dict[str, Any]]) -> str:
             verdict += f"; not audited, so not checked: {', '.join(unaudited)}"
         return "\n".join([f"{head}; {verdict}{memory}", *parts])
     total = sum(sum(m["pinned"]) for m in rows)
+    nodes = sum(m["node_bytes"] for m in rows)
     holders_in = {label for m in rows for label in m["labels"]}
     where = f" in {_plural(len(holders_in), 'process')}" if many else ""
     verdict = (
         f"{_plural(len(rows), 'holder')} kept autograd graphs across step boundaries{where} "
-        f"({human(total)} pinned at their last audit):"
+        f"({human(total)} of tensors and ~{human(nodes)} of graph nodes pinned at their last audit):"
     )
     if many:
         header: tuple[str, ...] = (
