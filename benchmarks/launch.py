@@ -28,7 +28,6 @@ if not __package__:  # `python benchmarks/launch.py`: import from the repository
 
 import argparse  # noqa: E402
 import compileall  # noqa: E402
-import json  # noqa: E402
 import shlex  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -37,9 +36,10 @@ import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from typing import Any  # noqa: E402
 
-from gradguard import _table  # noqa: E402
-from gradguard._bench.machine import measuring  # noqa: E402
 from gradguard._launch._settings import BOOTSTRAP, REPORT_DIR, python_path  # noqa: E402
+from gradguard._policy import table as _table  # noqa: E402
+from gradguard._tools.bench.machine import measuring  # noqa: E402
+from gradguard._tools.bench.report import write_json  # noqa: E402
 
 __all__ = ["main", "measure"]
 
@@ -161,9 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(text(doc))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
+        write_json(args.json, doc)
     if args.md:
         with open(args.md, "w") as f:
             f.write(markdown(doc))

@@ -10,10 +10,10 @@ torch's optimizer step post hook (where the watch runs), both CPU figures are re
 is timed: glibc's in-use bytes (``mallinfo2``) and the resident set (``/proc/self/statm``).
 
 Each scenario runs twice, each run in a fresh process: clean for ``--steps`` steps, and the same from
-step ``--leak-start`` on leaking ``--leak-bytes`` per step (:class:`gradguard._bench.late_leak.LateLeak`:
+step ``--leak-start`` on leaking ``--leak-bytes`` per step (:class:`gradguard._tools.bench.late_leak.LateLeak`:
 the trainer keeps each step's backwarded loss, whose dead graph pins a fresh leaf and its gradient).
 
-The figures are replayed through the trigger (:mod:`gradguard._trigger`: its default settings for glibc's
+The figures are replayed through the trigger (:mod:`gradguard._watch.trigger`: its default settings for glibc's
 figure, ``floor=RESIDENT_FLOOR`` for the resident set) with a
 model of the watch around it: the backstop audits the first two boundaries only (a real backstop
 audits more, and every audit re-bases the trigger, so this is the harder case), an audit *finds* the
@@ -48,10 +48,11 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
 
-from gradguard._allocated import AllocatedReader, _Mallinfo2, mallinfo2_reader, statm_reader  # noqa: E402
-from gradguard._bench.late_leak import LateLeak  # noqa: E402
-from gradguard._bench.machine import measuring  # noqa: E402
-from gradguard._trigger import RESIDENT_FLOOR, Trigger, TriggerSettings  # noqa: E402
+from gradguard._tools.bench.late_leak import LateLeak  # noqa: E402
+from gradguard._tools.bench.machine import measuring  # noqa: E402
+from gradguard._tools.bench.report import write_json  # noqa: E402
+from gradguard._watch.allocated import AllocatedReader, _Mallinfo2, mallinfo2_reader, statm_reader  # noqa: E402
+from gradguard._watch.trigger import RESIDENT_FLOOR, Trigger, TriggerSettings  # noqa: E402
 
 __all__ = ["main", "record"]
 
@@ -68,7 +69,7 @@ def _mallinfo2() -> _Mallinfo2:
 
 def _unavailable(name: str) -> str | None:
     if name == "megatron-gpt":
-        from gradguard._bench.megatron_gpt import unavailable
+        from gradguard._tools.bench.megatron_gpt import unavailable
 
         return unavailable()
     return None
@@ -367,9 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "skipped": runs["skipped"],
     }
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
+        write_json(args.json, doc)
     if args.md:
         with open(args.md, "w", encoding="utf-8") as f:
             f.write(markdown(doc))

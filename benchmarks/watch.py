@@ -30,7 +30,6 @@ if not __package__:  # `python benchmarks/watch.py`: import from the repository 
 
 import argparse  # noqa: E402
 import gc  # noqa: E402
-import json  # noqa: E402
 import shlex  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -40,9 +39,10 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 import gradguard  # noqa: E402
-from gradguard import _table  # noqa: E402
-from gradguard._bench.machine import measuring  # noqa: E402
-from gradguard._bench.scenarios import Size, build  # noqa: E402
+from gradguard._policy import table as _table  # noqa: E402
+from gradguard._tools.bench.machine import measuring  # noqa: E402
+from gradguard._tools.bench.report import write_json  # noqa: E402
+from gradguard._tools.bench.scenarios import Size, build  # noqa: E402
 
 __all__ = ["main", "measure"]
 
@@ -151,7 +151,7 @@ def measure(
 
 def _unavailable(name: str) -> str | None:
     if name == "megatron-gpt":
-        from gradguard._bench.megatron_gpt import unavailable
+        from gradguard._tools.bench.megatron_gpt import unavailable
 
         return unavailable()
     return None
@@ -253,9 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(text(doc))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
+        write_json(args.json, doc)
     if args.md:
         with open(args.md, "w", encoding="utf-8") as f:
             f.write(markdown(doc))

@@ -122,7 +122,10 @@ def main() -> None:
     print(f'\nunder gradguard.watch(mode="detach", every=1): {memory(probe)}')
     print(scope.watcher.summary())
     report = gradguard.audit()
-    print(f"gradguard.audit() after it: {len(report)} holder(s) pinning {report.pinned_bytes:,} bytes, the last step's")
+    print(
+        f"gradguard.audit() after it: {len(report)} holder(s) pinning {report.pinned_bytes:,} bytes: the last step's"
+        " graphs, which no later step boundary has judged"
+    )
     equal = all(torch.equal(a, b) for a, b in zip(leaky_params, repaired.model.parameters()))
     print(f"parameters bitwise equal with and without the watch (torch.equal): {equal}")
 

@@ -77,9 +77,17 @@ def train_step(schedules: Any, config: Any) -> dict[str, Any]:
         input_tensor = recv[i].clone().requires_grad_(True)  # the P2P receive buffer: a leaf
         buffers.append(weakref.ref(input_tensor))
         output_tensor, _num_tokens = schedules.forward_step(
-            forward_step_func, targets, model, MICRO_BATCHES, input_tensor, forward_data_store, config,
+            forward_step_func,
+            targets,
+            model,
+            MICRO_BATCHES,
+            input_tensor,
+            forward_data_store,
+            config,
             1,  # cp_group_size (required since core 0.14)
-            is_first_microbatch=(i == 0), current_microbatch=i, is_last_stage=True,
+            is_first_microbatch=(i == 0),
+            current_microbatch=i,
+            is_last_stage=True,
         )
         input_tensor_grad = schedules.backward_step(input_tensor, output_tensor, None, config)
         del input_tensor, output_tensor, input_tensor_grad  # (the grad would be sent to the previous stage)
@@ -115,8 +123,10 @@ def main() -> int:
     stats = str(gradguard.stats())
     plain = train_step(schedules, config)
 
-    print(f"megatron-core schedules.forward_step + backward_step, last stage, {MICRO_BATCHES} micro-batches, "
-          f"activations {TOKENS}x{OUT} fp32\n")
+    print(
+        f"megatron-core schedules.forward_step + backward_step, last stage, {MICRO_BATCHES} micro-batches, "
+        f"activations {TOKENS}x{OUT} fp32\n"
+    )
     for label, run in (("without gradguard", plain), ("inside gradguard.enforce()", guarded)):
         graphs = run["graphs"]
         kinds = sorted({f"{g.path.split(']', 1)[1]}: {g.grad_fn}" for g in graphs})
@@ -126,8 +136,10 @@ def main() -> int:
         print(f"  receive buffers still alive: {run['alive']}/{MICRO_BATCHES}")
         if run is plain:
             per_mb = TOKENS * HIDDEN * 4 * 2 + TOKENS * OUT * 4
-            print(f"  (per micro-batch: the receive buffer + its .grad + the output saved by **2 = {per_mb} bytes; "
-                  f"x{MICRO_BATCHES} = {per_mb * MICRO_BATCHES})")
+            print(
+                f"  (per micro-batch: the receive buffer + its .grad + the output saved by **2 = {per_mb} bytes; "
+                f"x{MICRO_BATCHES} = {per_mb * MICRO_BATCHES})"
+            )
     print("\nwhat the guard did (gradguard.stats()):")
     print("  " + stats.replace("\n", "\n  "))
 

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 import gradguard
-from gradguard._bench.megatron_gpt import REDIRECTED, GPTSchedule, pin_bytes, record_bytes
-from gradguard._bench.scenarios import Size
+from gradguard._tools.bench.megatron_gpt import REDIRECTED, GPTSchedule, pin_bytes, record_bytes
+from gradguard._tools.bench.scenarios import Size
 from gradguard.testing import MemoryProbe
 
 MICRO_BATCHES = 16

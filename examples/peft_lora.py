@@ -11,8 +11,8 @@ micro-batch until the mini-batch ends.
 Without a guard each kept ``log_probs`` pins its micro-batch's graph after backward, and with it the
 embedding-output leaf and its ``.grad``: memory grows by ``2 * batch * seq * hidden * 4`` bytes per
 micro-batch here (in bf16 on an 8B model, hidden 4096, at 16k tokens: 0.25 GiB per micro-batch).
-``gradguard.testing.MemoryProbe`` measures the growth; with ``@gradguard.forward_step`` only the small detached records remain and the
-LoRA gradients are bitwise the same.
+``gradguard.testing.MemoryProbe`` measures the growth; with ``@gradguard.forward_step`` only the small
+detached records remain and the LoRA gradients are bitwise the same.
 
 Needs ``pip install transformers peft``. Run: ``python examples/peft_lora.py`` (about 10 s, CPU only).
 """
@@ -41,8 +41,13 @@ def build_model() -> tuple[torch.nn.Module, list[weakref.ref[torch.Tensor]]]:
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, vocab_size=VOCAB, use_cache=False,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=VOCAB,
+        use_cache=False,
     )
     model = LlamaForCausalLM(config)  # random init from the config
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -127,8 +132,10 @@ def main() -> int:
 
 def report() -> int:
     leaf = BATCH * SEQ * HIDDEN * 4
-    print(f"Llama (random init) hidden={HIDDEN}, 2 layers, LoRA r=4 on q_proj/v_proj, gradient checkpointing, "
-          f"enable_input_require_grads; {MICRO_BATCHES} micro-batches of {BATCH}x{SEQ} tokens\n")
+    print(
+        f"Llama (random init) hidden={HIDDEN}, 2 layers, LoRA r=4 on q_proj/v_proj, gradient checkpointing, "
+        f"enable_input_require_grads; {MICRO_BATCHES} micro-batches of {BATCH}x{SEQ} tokens\n"
+    )
     results = {}
     for label, cls in (("plain forward_step", Engine), ("@gradguard.forward_step", GuardedEngine)):
         results[label] = r = run(cls)
@@ -138,13 +145,17 @@ def report() -> int:
         print(f"  embedding-output leaves still alive: {r['alive']}/{MICRO_BATCHES}")
     plain, guarded = results.values()
     record = 2 * BATCH * SEQ * 4  # the detached log_probs and entropy each record keeps
-    print(f"\nanalytic: embedding-output leaf {BATCH}x{SEQ}x{HIDDEN} fp32 = {leaf:,} bytes, plus its .grad = "
-          f"{2 * leaf:,} bytes per micro-batch; the records themselves (log_probs + entropy) = {record:,} bytes")
+    print(
+        f"\nanalytic: embedding-output leaf {BATCH}x{SEQ}x{HIDDEN} fp32 = {leaf:,} bytes, plus its .grad = "
+        f"{2 * leaf:,} bytes per micro-batch; the records themselves (log_probs + entropy) = {record:,} bytes"
+    )
     print(f"measured difference plain - guarded: {plain['growth'] - guarded['growth']:,.0f} bytes per micro-batch")
     same_losses = plain["losses"] == guarded["losses"]
     same_grads = all(torch.equal(g, guarded["grads"][n]) for n, g in plain["grads"].items())
-    print(f"losses equal: {same_losses}; LoRA grads bitwise equal (torch.equal): {same_grads} "
-          f"({len(plain['grads'])} trainable tensors)")
+    print(
+        f"losses equal: {same_losses}; LoRA grads bitwise equal (torch.equal): {same_grads} "
+        f"({len(plain['grads'])} trainable tensors)"
+    )
     print("what the guard did (gradguard.stats()):")
     print("  " + str(gradguard.stats()).replace("\n", "\n  "))
 

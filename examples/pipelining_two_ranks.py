@@ -112,7 +112,7 @@ def describe(graphs: list[gradguard.GraphRecord]) -> list[str]:
     for g in graphs:
         by_store.setdefault(g.path.split("]")[0] + "]", []).append(g)
     lines = []
-    for store, found in by_store.items():
+    for found in by_store.values():
         g = found[0]
         more = f"  (+{len(found) - 1} more like it)" if len(found) > 1 else ""
         lines.append(f"    {g.path:<32} shape={list(g.shape or ())!s:<8} grad_fn={g.grad_fn}{more}")
@@ -129,7 +129,8 @@ def main() -> int:
     last = reports[1]
 
     print(f"Schedule1F1B, 2 gloo ranks, {N_MICROBATCHES} micro-batches, last stage returns out[:, :4] (a view)\n")
-    for label, run in (("without gradguard", last["plain"]), ('inside gradguard.enforce(engines=["pipelining"])', last["guarded"])):
+    runs = (("without gradguard", last["plain"]), ('inside gradguard.enforce(engines=["pipelining"])', last["guarded"]))
+    for label, run in runs:
         graphs = run["graphs"]
         kinds = sorted({g.grad_fn for g in graphs})
         print(f"{label}: {len(graphs)} tensors still carry a graph after step() on the last rank {kinds}")

@@ -82,7 +82,9 @@ class Engine:
         entropy = -(logp.exp() * logp).sum(-1)  # reported, not in the loss (entropy_coeff = 0)
         return {"log_probs": log_probs, "entropy": entropy}
 
-    def train_mini_batch(self, micro_batches: list[dict[str, torch.Tensor]], loss_function: Callable[..., Any]) -> list[Any]:
+    def train_mini_batch(
+        self, micro_batches: list[dict[str, torch.Tensor]], loss_function: Callable[..., Any]
+    ) -> list[Any]:
         output_lst = []
         for micro_batch in micro_batches:
             loss, output = self.forward_step(micro_batch, loss_function=loss_function, forward_only=False)
@@ -175,8 +177,10 @@ def main() -> int:
     loss.backward()
     head = buggy.policy.lm_head
     zero = all(p.grad is None or not p.grad.any() for p in head.parameters())
-    print(f"  unchecked: loss={loss.detach().item():.4f}, requires_grad={loss.requires_grad} (through the value head "
-          f"and the shared body); lm_head gets no gradient: {zero}")
+    print(
+        f"  unchecked: loss={loss.detach().item():.4f}, requires_grad={loss.requires_grad} (through the value head "
+        f"and the shared body); lm_head gets no gradient: {zero}"
+    )
 
     checked = CheckedBuggyEngine()
     caught = None
@@ -189,7 +193,8 @@ def main() -> int:
     ok = bool(plain["graphs"]) and plain["alive"] == MICRO_BATCHES and not guarded["graphs"]
     ok = ok and guarded["pinned"] == 0 and guarded["alive"] == 0 and same_losses and same_grads
     ok = ok and zero and caught is not None
-    print("\nOK: the guard released every graph, changed no gradient, and caught the early detach" if ok else "\nUNEXPECTED RESULT")
+    verdict = "OK: the guard released every graph, changed no gradient, and caught the early detach"
+    print(f"\n{verdict}" if ok else "\nUNEXPECTED RESULT")
     return 0 if ok else 1
 
 

@@ -6,11 +6,6 @@ gradguard detaches what is published at that boundary, after the loss is compute
 the loss used for backward still requires grad.
 """
 
-from ._audit import Retention, RetentionReport, audit
-from ._compile import skip_in_dynamo as _skip_in_dynamo
-from ._containers import register_container, unregister_container
-from ._contract import check_loss
-from ._enforce import enforce
 from ._errors import (
     GradGuardError,
     GradGuardWarning,
@@ -19,15 +14,20 @@ from ._errors import (
     LossContractError,
     LossContractWarning,
 )
-from ._graph import pinned_bytes
-from ._policy import get_mode, set_mode
-from ._stats import SiteStats, Stats, reset_stats, stats
-from ._step import forward_step
-from ._store import guard, unwrap
-from ._tree import GraphRecord, detach_tree, find_graphs
-from ._trigger import TriggerSettings
-from ._watch import Watcher, watch
-from ._watch import start_process_watch as _start_process_watch
+from ._graph.memory import pinned_bytes
+from ._guards.contract import check_loss
+from ._guards.step import forward_step
+from ._guards.store import guard, unwrap
+from ._policy.modes import get_mode, set_mode
+from ._policy.stats import SiteStats, Stats, reset_stats, stats
+from ._scope.compile import skip_in_dynamo as _skip_in_dynamo
+from ._scope.enforce import enforce
+from ._tree.containers import register_container, unregister_container
+from ._tree.walk import GraphRecord, detach_tree, find_graphs
+from ._watch.audit import Retention, RetentionReport, audit
+from ._watch.trigger import TriggerSettings
+from ._watch.watcher import Watcher, watch
+from ._watch.watcher import start_process_watch as _start_process_watch
 
 _skip_in_dynamo()
 _start_process_watch()  # GRADGUARD_AUDIT: a watch for the whole process, with no code change

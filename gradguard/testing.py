@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from ._audit import Ignore, audit
-from ._memory import MemoryMeter, slope
-from ._tree import find_graphs
+from ._tools.meter import MemoryMeter, slope
+from ._tree.walk import find_graphs
+from ._watch.audit import Ignore, audit
 
 __all__ = ["MemoryProbe", "assert_no_graph", "assert_no_retention", "assert_released"]
 

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 import gradguard
-from gradguard import _enforce, _policy
+from gradguard._policy import modes as _policy
+from gradguard._scope import enforce as _enforce
 from gradguard.engines import _patch
 
 

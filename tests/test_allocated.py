@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 import torch
 
-from gradguard import GradGuardError, _allocated
-from gradguard._allocated import RESCAN, AllocatedReader, mallinfo2_reader, statm_reader
+import gradguard
+from gradguard import GradGuardError
+from gradguard._watch import allocated as _allocated
+from gradguard._watch.allocated import RESCAN, AllocatedReader, mallinfo2_reader, statm_reader
 
 MiB = 1 << 20
 mallinfo2 = mallinfo2_reader()
@@ -163,14 +165,14 @@ def test_cuda_off_or_a_cpu_only_torch_reads_nothing() -> None:
 
 def test_the_reader_never_imports_torch_itself(tmp_path: Any) -> None:
     """The module and its one import (``_errors``) load without the package's ``__init__``, which imports torch."""
-    package = os.path.dirname(_allocated.__file__)
+    package = os.path.dirname(gradguard.__file__)
     script = textwrap.dedent(
         f"""
         import sys, types
         stub = types.ModuleType("gradguard")
         stub.__path__ = [{package!r}]
         sys.modules["gradguard"] = stub
-        from gradguard._allocated import AllocatedReader
+        from gradguard._watch.allocated import AllocatedReader
         reader = AllocatedReader()
         readings = reader()
         assert "torch" not in sys.modules, "the reader imported torch"

@@ -19,7 +19,9 @@ import torch
 from torch import nn
 
 import gradguard
-from gradguard import _audit, _graph, _paths
+from gradguard._graph import memory as _graph
+from gradguard._heap import paths as _paths
+from gradguard._watch import audit as _audit
 from gradguard.testing import assert_no_retention
 
 HERE = "tests/test_audit.py"

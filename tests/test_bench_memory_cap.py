@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradguard._bench.report import table, verdicts
-from gradguard._bench.runner import run_scenario
-from gradguard._bench.scenarios import Size
-from gradguard._cli import main
+from gradguard._tools.bench.report import table, verdicts
+from gradguard._tools.bench.runner import run_scenario
+from gradguard._tools.bench.scenarios import Size
+from gradguard._tools.cli import main
 
 CPU = torch.device("cpu")
 TINY = Size(seq=8, batch=1, hidden=16, vocab=32)

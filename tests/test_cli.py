@@ -27,9 +27,9 @@ from _helpers import env
 
 import gradguard
 from gradguard import engines
-from gradguard._bench.runner import run_scenario
-from gradguard._bench.scenarios import PRESETS, SCENARIOS, Size, build
-from gradguard._cli import main
+from gradguard._tools.bench.runner import run_scenario
+from gradguard._tools.bench.scenarios import PRESETS, SCENARIOS, Size, build
+from gradguard._tools.cli import main
 
 CPU = torch.device("cpu")
 TINY = Size(seq=8, batch=1, hidden=16, vocab=32)

@@ -17,7 +17,9 @@ from _models import ActorCritic
 from torch import nn
 
 import gradguard
-from gradguard import GradGuardError, LossContractError, _contract, _graph
+from gradguard import GradGuardError, LossContractError
+from gradguard._graph import reach as _graph
+from gradguard._guards import contract as _contract
 
 
 def ppo_like_loss(logits: torch.Tensor, value: torch.Tensor) -> torch.Tensor:

@@ -173,7 +173,7 @@ def test_run_sh_runs_every_cuda_only_test_there_is() -> None:
 
 
 def test_run_sh_names_scenarios_and_presets_the_bench_has() -> None:
-    from gradguard._bench.scenarios import PRESETS, SCENARIOS
+    from gradguard._tools.bench.scenarios import PRESETS, SCENARIOS
 
     text = RUN_SH.read_text()
     scenarios = set(re.findall(r"--scenario ([\w-]+)", text))
@@ -183,8 +183,8 @@ def test_run_sh_names_scenarios_and_presets_the_bench_has() -> None:
 
 
 def test_the_megatron_gpt_run_grows_by_at_least_1_gib() -> None:
-    from gradguard._bench.megatron_gpt import pin_bytes, record_bytes
-    from gradguard._bench.scenarios import PRESETS
+    from gradguard._tools.bench.megatron_gpt import pin_bytes, record_bytes
+    from gradguard._tools.bench.scenarios import PRESETS
 
     size, _ = PRESETS["seed-pp4"]
     micro_batches = int(re.search(r"--scenario megatron-gpt \\\n\s+--micro-batches (\d+)", RUN_SH.read_text()).group(1))
@@ -218,9 +218,10 @@ def test_check_wheels_accepts_a_fresh_set(tmp_path: Path) -> None:
 
 
 def test_check_wheels_refuses_a_stale_gradguard_wheel(tmp_path: Path) -> None:
-    folder = _fake_wheels(tmp_path / "w", {"gradguard/_cli.py": b"# an older version\n"})
+    folder = _fake_wheels(tmp_path / "w", {"gradguard/_tools/cli.py": b"# an older version\n"})
     failed = [line for ok, line in check_wheels.check(folder) if not ok]
-    assert failed == ["gradguard wheel is stale: gradguard/_cli.py differ from the working tree; rerun fetch_wheels.sh"]
+    stale = "gradguard wheel is stale: gradguard/_tools/cli.py differ from the working tree; rerun fetch_wheels.sh"
+    assert failed == [stale]
 
 
 def test_check_wheels_refuses_extra_wheels_bad_sums_and_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -292,7 +293,7 @@ def test_carried_wheels_install_offline_into_a_fresh_python312_venv(wheels: Path
         "    return str(next(f for f in m.distribution(dist).files if str(f).endswith(tail)).locate())\n"
         "print(json.dumps({'python': '%d.%d' % sys.version_info[:2], 'megatron': m.version('megatron-core'),"
         "'gradguard': m.version('gradguard'), 'schedules': where('megatron-core', 'pipeline_parallel/schedules.py'),"
-        "'cli': where('gradguard', 'gradguard/_cli.py')}))\n"
+        "'cli': where('gradguard', 'gradguard/_tools/cli.py')}))\n"
     )
     proc = subprocess.run([vpy, "-I", "-c", probe], capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -300,7 +301,7 @@ def test_carried_wheels_install_offline_into_a_fresh_python312_venv(wheels: Path
     assert (found["python"], found["megatron"], found["gradguard"]) == ("3.12", "0.19.2", "0.1.0")
     assert found["cli"].startswith(str(venv))
     # the carried megatron-core is the release the CPU harness knows: the same CUDA lines on its path
-    from gradguard._bench.megatron_gpt import KNOWN_CUDA_LINES, schedule_cuda_lines
+    from gradguard._tools.bench.megatron_gpt import KNOWN_CUDA_LINES, schedule_cuda_lines
 
     assert set(schedule_cuda_lines(Path(found["schedules"]).read_text())) == set(KNOWN_CUDA_LINES)
 

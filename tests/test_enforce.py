@@ -21,7 +21,8 @@ import torch
 import wrapt
 
 import gradguard
-from gradguard import GradGuardError, GraphRetentionError, _enforce
+from gradguard import GradGuardError, GraphRetentionError
+from gradguard._scope import enforce as _enforce
 from gradguard.engines import _patch
 
 SCHEDULE_SOURCE = """

@@ -19,7 +19,7 @@ from torch import nn
 
 import gradguard
 from gradguard import LossContractError, LossContractWarning
-from gradguard._contract import LossCheck
+from gradguard._guards.contract import LossCheck
 
 dist = pytest.importorskip("torch.distributed", reason="torch built without torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
@@ -71,7 +71,7 @@ X = torch.randn(4, 8)
 def test_the_premise_the_graph_reaches_other_parameters(mesh: DeviceMesh) -> None:
     model = sharded(mesh)
     loss = model(X).pow(2).mean()
-    leaves = {id(n.variable) for n in gradguard._graph._nodes([loss.grad_fn]) if hasattr(n, "variable")}
+    leaves = {id(n.variable) for n in gradguard._graph.nodes.nodes([loss.grad_fn]) if hasattr(n, "variable")}
     assert len(leaves) == 4 and not leaves & {id(p) for p in model.parameters()}
     assert all(isinstance(p, DTensor) for p in model.parameters())
 

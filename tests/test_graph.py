@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import checkpoint
 
 from gradguard import GraphRecord, detach_tree, find_graphs, pinned_bytes
-from gradguard._graph import Unreached, unreached_params
+from gradguard._graph.reach import Unreached, unreached_params
 
 F32 = 4  # bytes per float32 element
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import gradguard
-from gradguard._allocated import mallinfo2_reader
-from gradguard._bench.late_leak import LateLeak
+from gradguard._tools.bench.late_leak import LateLeak
+from gradguard._watch.allocated import mallinfo2_reader
 
 KiB = 1 << 10
 

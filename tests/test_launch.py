@@ -19,8 +19,8 @@ import torch
 from _helpers import env
 
 import gradguard
-from gradguard import _site
 from gradguard._launch import _identity, _merge, _report, _settings
+from gradguard._policy import site as _site
 
 
 def _leaky_steps(watcher: gradguard.Watcher, steps: int) -> list[torch.Tensor]:
@@ -275,7 +275,7 @@ def test_importing_torch_sets_the_process_up_once(tmp_path: Path, first: str) ->
         from gradguard._launch import _process
         _process.setup()  # a second call: nothing
         assert not any(type(f).__name__ == "_WaitForTorch" for f in sys.meta_path)
-        print(gradguard._enforce.installed())
+        print(gradguard._scope.enforce.installed())
         """
     )
     result = _armed(tmp_path, code, GRADGUARD_RUN_AUDIT="3", RANK="1", WORLD_SIZE="2")

@@ -1,5 +1,7 @@
-"""The package's layers: every module imports only from its own layer or the ones below (README,
-"How it works"). A new module must be given a layer here, so the picture stays true."""
+"""The package's layers: every module imports only from its own layer or the ones below
+(docs/how-it-works.md), and no two modules import each other, directly or round a circle. The folders
+are the layers' parts: a new module goes into the folder of what it holds, a new folder gets a layer
+here, so the picture stays true."""
 
 from __future__ import annotations
 
@@ -9,82 +11,107 @@ from pathlib import Path
 import gradguard
 
 LAYERS: list[set[str]] = [
-    # the tree walk, graph inspection, the heap search, and the per-device memory figure
-    {
-        "_errors",
-        "_containers",
-        "_tree",
-        "_graph",
-        "_liveness",
-        "_frames",
-        "_paths",
-        "_ownership",
-        "_roots",
-        "_holders",
-        "_allocated",
-    },
-    # policy: modes, call site, stats, messages, the memory trigger's rule
-    {"_policy", "_site", "_stats", "_message", "_table", "_trigger"},
-    {"_publish"},  # the publish boundary
-    {"_offload", "_store", "_contract", "_arguments", "_wrapper", "_results", "_step", "engines"},  # on top
-    {
-        "_enforce",
-        "_compile",
-        "testing",
-        "_audit",
-        "_criterion",
-        "_repair",
-        "_recipes",
-        "_schedule",
-        "_watch",
-        "_memory",
-        "_doctor",
-        "_cli",
-        "_launch",
-        "_bench",
-        "__init__",
-        "__main__",
-        "integrations",
-    },  # tools
+    {"_errors"},  # every exception and warning
+    {"_tree", "_graph", "_heap"},  # the tree walk, graph inspection, who holds a tensor
+    {"_policy"},  # modes, call site, stats, messages
+    {"_boundary"},  # the publish boundary
+    {"_guards", "engines"},  # stores, the loss contract, the decorator; the engine adapters
+    {"_scope"},  # enforce()
+    {"_watch"},  # the audit and the step-boundary watch
+    {"_launch", "_tools", "testing", "integrations", "__init__", "__main__"},  # the tools
 ]
 ROOT = Path(gradguard.__file__).parent
 
 
-def _layer(name: str) -> int:
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module(p): p for p in ROOT.rglob("*.py")}
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[1] if "." in module else "__init__"
     for i, layer in enumerate(LAYERS):
-        if name in layer:
+        if top in layer:
             return i
-    raise AssertionError(f"gradguard.{name} has no layer in tests/test_layers.py: give it one")
+    raise AssertionError(f"{module}: gradguard.{top} has no layer in tests/test_layers.py: give it one")
 
 
 def _imports(path: Path) -> set[str]:
-    """The gradguard modules ``path`` imports, by their top-level name inside the package."""
-    names = set()
-    package = path.relative_to(ROOT).parts[:-1]
+    """The gradguard modules ``path`` imports (at the top or inside a function)."""
+    name = _module(path)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level:
-            base = list(package[: len(package) - node.level + 1])
-            target = [*base, *(node.module.split(".") if node.module else [])]
-            if target:
-                names.add(target[0])
-            else:  # from . import x: a module of the package, or a name from its __init__
-                names.update(
-                    a.name if (ROOT / f"{a.name}.py").exists() or (ROOT / a.name).is_dir() else "__init__"
-                    for a in node.names
-                )
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            module = node.module if isinstance(node, ast.ImportFrom) else None
-            for name in [module] if module else [a.name for a in node.names]:  # type: ignore[union-attr]
-                if name and name.startswith("gradguard."):
-                    names.add(name.split(".")[1])
-    return names
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                target = ".".join(package[: len(package) - node.level + 1] + (node.module or "").split("."))
+                target = target.rstrip(".")
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                module = sub if sub in MODULES else target
+                if module in MODULES and module != name:
+                    found.add(module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in MODULES and a.name != name)
+    return found
+
+
+GRAPH = {name: _imports(path) for name, path in MODULES.items()}
 
 
 def test_every_module_imports_only_from_below() -> None:
-    violations = []
-    for path in sorted(ROOT.rglob("*.py")):
-        top = path.relative_to(ROOT).parts[0].removesuffix(".py")
-        for imported in _imports(path) - {top}:
-            if _layer(imported) > _layer(top):
-                violations.append(f"{path.relative_to(ROOT)} imports gradguard.{imported} from a layer above")
+    violations = [
+        f"{name} imports {imported} from a layer above"
+        for name, imported_all in sorted(GRAPH.items())
+        for imported in sorted(imported_all)
+        if imported != "gradguard" and _layer(imported) > _layer(name)
+    ]
     assert violations == []
+
+
+def test_no_module_imports_round_a_circle() -> None:
+    """Tarjan's strongly connected components of the import graph: each must be one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v] - {"gradguard"}:  # the package itself: its __init__ imports everything
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    assert circles == []
+
+
+def test_the_folders_are_the_layers_parts() -> None:
+    """Only the public modules and the errors sit at the package's top; the rest is in a folder."""
+    top = sorted(p.name for p in ROOT.glob("*.py"))
+    assert top == ["__init__.py", "__main__.py", "_errors.py", "testing.py"]
+    folders = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == set().union(*LAYERS) - {"_errors", "testing", "__init__", "__main__"}

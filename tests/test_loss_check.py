@@ -18,7 +18,7 @@ from torch.autograd import forward_ad
 
 import gradguard
 from gradguard import GradGuardError, LossContractError, LossContractWarning
-from gradguard._contract import LossCheck
+from gradguard._guards.contract import LossCheck
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch.func's
 
@@ -162,7 +162,7 @@ def test_on_violation_raise_warn_off(model: PolicyValue) -> None:
 
 
 def test_a_loss_requiring_grad_passes_without_a_walk(model: PolicyValue, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gradguard import _contract
+    from gradguard._guards import contract as _contract
 
     check = LossCheck("reaches_params", model, check_every=2)
     check(model.loss(X))  # walks

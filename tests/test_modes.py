@@ -20,7 +20,8 @@ import wrapt
 from _helpers import clean, lineno
 
 import gradguard
-from gradguard import GradGuardError, GraphRetentionError, GraphRetentionWarning, _policy
+from gradguard import GradGuardError, GraphRetentionError, GraphRetentionWarning
+from gradguard._policy import modes as _policy
 
 HERE = os.path.abspath(__file__)
 LEAF_BYTES = 1024 * 4  # float32 leaf of 1024 elements: what one record below pins (4.0 KiB)

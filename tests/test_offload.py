@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import gradguard
-from gradguard import _offload
+from gradguard._boundary import offload as _offload
 
 
 class HostCopySpy:

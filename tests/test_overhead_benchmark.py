@@ -21,7 +21,8 @@ from _helpers import require_engine
 import gradguard
 from benchmarks.overhead import cases, report, timing
 from benchmarks.overhead.__main__ import main, run
-from gradguard import _enforce, _policy
+from gradguard._policy import modes as _policy
+from gradguard._scope import enforce as _enforce
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

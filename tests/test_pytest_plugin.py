@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import gradguard
-from gradguard import _enforce, _policy
+from gradguard._policy import modes as _policy
+from gradguard._scope import enforce as _enforce
 from gradguard.testing import MemoryProbe
 
 pytest_plugins = ["pytester"]
@@ -44,7 +45,7 @@ import torch
 
 import gradguard
 import userlib
-from gradguard import _policy
+from gradguard._policy import modes as _policy
 
 
 def test_report_mode():

@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 import gradguard
 from gradguard import LossContractError, LossContractWarning
-from gradguard._contract import LossCheck
+from gradguard._guards.contract import LossCheck
 
 
 class Model(nn.Module):
@@ -88,7 +88,7 @@ def test_the_premise_reentrant_forward_does_not_reach_the_block() -> None:
     model = Model()
     loss = loss_through(model, FORMS["module"](model))
     # the graph's own leaves: no block parameter (they are reached by the recompute only)
-    leaves = {id(n.variable) for n in gradguard._graph._nodes([loss.grad_fn]) if hasattr(n, "variable")}
+    leaves = {id(n.variable) for n in gradguard._graph.nodes.nodes([loss.grad_fn]) if hasattr(n, "variable")}
     assert id(model.block.weight) not in leaves and id(model.policy.weight) in leaves
     loss.backward()
     assert model.block.weight.grad is not None and model.block.weight.grad.abs().sum() > 0
@@ -98,7 +98,7 @@ def test_the_premise_reentrant_forward_does_not_reach_the_block() -> None:
 def test_reentrant_checkpoint_passes_a_correct_model(form: str) -> None:
     model = Model()
     loss = loss_through(model, FORMS[form](model))
-    assert "CheckpointFunctionBackward" in {type(n).__name__ for n in gradguard._graph._nodes([loss.grad_fn])}
+    assert "CheckpointFunctionBackward" in {type(n).__name__ for n in gradguard._graph.nodes.nodes([loss.grad_fn])}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "cannot decide" either: the walk sees through
         assert gradguard.check_loss(loss, params=model) is loss

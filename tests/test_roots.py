@@ -1,4 +1,4 @@
-"""Named roots (``gradguard._roots``): an object named as a root is where the audit's path starts, in
+"""Named roots (``gradguard._heap.roots``): an object named as a root is where the audit's path starts, in
 preference to the module global that also reaches it (Ray's table of actor instances), and the fix is
 spelled from it; a weakly named object names nothing once it is gone."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gradguard
-from gradguard import _roots
+from gradguard._heap import roots as _roots
 
 
 class Trainer:

@@ -23,8 +23,10 @@ from pathlib import Path
 import pytest
 from _helpers import env
 
-from gradguard import _cli, _enforce
+import gradguard
 from gradguard._launch._settings import python_path
+from gradguard._scope import enforce as _enforce
+from gradguard._tools import cli as _cli
 
 LEAKY = """
 import sys
@@ -76,7 +78,7 @@ def test_raise_mode_fails_the_run_at_the_step_that_found_the_leak(tmp_path: Path
     announced, err = run.stderr.split("\n", 1)  # the run folder is said first, then the command's own stderr
     assert announced.startswith(ANNOUNCED + str(tmp_path / "gradguard-run-"))
     assert err.startswith("Traceback (most recent call last):\n  File ") and 'train.py", line ' in err
-    assert "gradguard._cli" not in err.split("GraphRetentionError")[0]  # the traceback starts at the script
+    assert "gradguard._tools.cli" not in err.split("GraphRetentionError")[0]  # the traceback starts at the script
     assert "gradguard.GraphRetentionError: gradguard: 1 holder keeps autograd graphs" in err
     assert "gradguard stats: no guarded store saw a record" in err
     # a list at the script's top level is a variable of __main__: found once it survived two boundaries
@@ -335,11 +337,11 @@ def test_gradguard_env_then_gradguard_report_as_a_cluster_job_would(tmp_path: Pa
     the reports merged afterwards; the JSON form carries the same variables (Ray's runtime_env, a pod spec)."""
     (tmp_path / "train.py").write_text(LEAKY)
     folder = tmp_path / "run"
-    gradguard = f"{sys.executable} -m gradguard"
+    cli = f"{sys.executable} -m gradguard"
     job = (
-        f'eval "$({gradguard} env --report-dir {folder} --mode raise --audit-every 1)" && '
+        f'eval "$({cli} env --report-dir {folder} --mode raise --audit-every 1)" && '
         f"SLURM_PROCID=1 SLURM_NTASKS=2 {sys.executable} train.py 4 --leak; "
-        f"{gradguard} report {folder}"
+        f"{cli} report {folder}"
     )
     run = subprocess.run(
         ["bash", "-c", job], capture_output=True, text=True, cwd=tmp_path, env=env(GRADGUARD_AUDIT="1"), timeout=300
@@ -360,7 +362,7 @@ def test_gradguard_env_then_gradguard_report_as_a_cluster_job_would(tmp_path: Pa
             timeout=120,
         ).stdout
     )
-    bootstrap = os.path.join(os.path.dirname(_cli.__file__), "_launch", "bootstrap")
+    bootstrap = os.path.join(os.path.dirname(gradguard.__file__), "_launch", "bootstrap")
     assert exported == {
         "PYTHONPATH": f"{bootstrap}{os.pathsep}/opt/mine",
         "GRADGUARD_REPORT_DIR": str(tmp_path / "other"),

@@ -12,9 +12,10 @@ import torch
 from torch import nn
 
 import gradguard
-from gradguard import _schedule, _watch
-from gradguard._schedule import BACKSTOP_SHARE, FIRST_COST, Schedule
-from gradguard._trigger import TriggerSettings
+from gradguard._watch import schedule as _schedule
+from gradguard._watch import watcher as _watch
+from gradguard._watch.schedule import BACKSTOP_SHARE, FIRST_COST, Schedule
+from gradguard._watch.trigger import TriggerSettings
 
 KiB = 1024
 

@@ -15,7 +15,7 @@ import torch
 from _helpers import clean, lineno
 
 import gradguard
-from gradguard import _publish
+from gradguard._boundary import publish as _publish
 
 HERE = os.path.abspath(__file__)
 UNRESOLVED = "(no graph: site not resolved)"
@@ -27,7 +27,7 @@ def record(n: int = 256) -> dict[str, Any]:
 
 
 class CountingPinnedBytes:
-    """A spy standing in for ``gradguard._publish.released_bytes``, the per-site estimate."""
+    """A spy standing in for ``gradguard._boundary.publish.released_bytes``, the per-site estimate."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -92,7 +92,7 @@ def test_clean_records_never_estimate_nor_walk_frames(
     def no_frames(*args: Any) -> None:
         raise AssertionError("site attribution ran for a clean record")
 
-    monkeypatch.setattr("gradguard._publish.caller", no_frames)
+    monkeypatch.setattr("gradguard._boundary.publish.caller", no_frames)
     store = gradguard.guard([], name="clean_only")
     for _ in range(20):
         store.append(clean())
@@ -317,7 +317,7 @@ def test_reset_racing_a_publishing_thread_never_breaks_stats() -> None:
 
 def test_a_reset_between_a_new_site_and_its_first_count_is_ignored_not_fatal() -> None:
     """d09, the interleaving itself: a thread made a site's row, a reset came, then it counted."""
-    from gradguard import _stats
+    from gradguard._policy import stats as _stats
 
     count, _ = _stats.new_site("racy", "detach", None, "here:1", 16)
     gradguard.reset_stats()
@@ -329,7 +329,7 @@ def test_a_reset_between_a_new_site_and_its_first_count_is_ignored_not_fatal() -
 
 def test_threads_that_ended_keep_their_counts_and_leave_no_tally() -> None:
     """d18: each short-lived thread left a tally behind, even across reset_stats()."""
-    from gradguard import _stats
+    from gradguard._policy import stats as _stats
 
     x = torch.randn(2, requires_grad=True)
     store = gradguard.guard([], name="pool")

@@ -25,9 +25,9 @@ from gradguard import (
     GraphRetentionError,
     GraphRetentionWarning,
     LossContractError,
-    _contract,
-    _policy,
 )
+from gradguard._guards import contract as _contract
+from gradguard._policy import modes as _policy
 
 # --------------------------------------------------------------------------------------------------
 # Decoration forms
@@ -178,7 +178,7 @@ def test_check_every_samples_the_walk(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_check_none_checks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gradguard._contract, "check_loss", lambda *a, **k: pytest.fail("checked"))
+    monkeypatch.setattr(gradguard._guards.contract, "check_loss", lambda *a, **k: pytest.fail("checked"))
 
     @gradguard.forward_step(check=None)
     def fs(micro_batch: Any) -> Any:

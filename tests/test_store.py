@@ -18,7 +18,7 @@ import torch
 from _helpers import graph, record
 
 import gradguard
-from gradguard import _policy
+from gradguard._policy import modes as _policy
 
 
 def assert_detached(obj: Any) -> None:

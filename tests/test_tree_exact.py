@@ -137,7 +137,7 @@ def test_a_class_with_an_unhashable_metaclass_is_a_leaf() -> None:
 
 def test_shared_references_stay_shared_and_are_counted_once() -> None:
     """d22, d21: one tensor referenced many times is detached once, and stays one object."""
-    from gradguard._tree import detach
+    from gradguard._tree.walk import detach
 
     y = grad_tensor()
     r = detach_tree({"a": y, "b": y, "c": [y]})
@@ -152,7 +152,7 @@ def test_shared_references_stay_shared_and_are_counted_once() -> None:
 
 def test_counts_survive_deep_nesting() -> None:
     """Issue 12: the old walk reset its count when a deep input made it restart (returned 1, not 71)."""
-    from gradguard._tree import detach
+    from gradguard._tree.walk import detach
 
     deep: Any = grad_tensor()
     for _ in range(70):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gradguard import GradGuardError
-from gradguard._trigger import RESIDENT_FLOOR, Request, Trigger, TriggerSettings
+from gradguard._watch.trigger import RESIDENT_FLOOR, Request, Trigger, TriggerSettings
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 LEAK = 256 * KiB

@@ -1,5 +1,5 @@
 """The memory trigger's study (``benchmarks/trigger.py``) runs and writes its schema, and the committed
-results carry their machine line and still back the defaults ``gradguard._trigger`` documents. No timing
+results carry their machine line and still back the defaults ``gradguard._watch.trigger`` documents. No timing
 is asserted."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gradguard._trigger import RESIDENT_FLOOR, TriggerSettings
+from gradguard._watch.trigger import RESIDENT_FLOOR, TriggerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

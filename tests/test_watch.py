@@ -18,7 +18,7 @@ from torch import nn
 from torch.optim.optimizer import _global_optimizer_post_hooks
 
 import gradguard
-from gradguard import _enforce
+from gradguard._scope import enforce as _enforce
 
 KEPT: list[Any] = []  # a module global some tests leak into
 

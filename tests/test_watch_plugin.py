@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from gradguard import _enforce
+from gradguard._scope import enforce as _enforce
 
 pytest_plugins = ["pytester"]
 

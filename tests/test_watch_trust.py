@@ -31,7 +31,7 @@ from torch import nn
 
 import gradguard
 import gradguard.testing
-from gradguard import _liveness
+from gradguard._graph import liveness as _liveness
 
 KEPT: list[Any] = []
 HOLDERS: dict[str, Any] = {}
@@ -161,7 +161,7 @@ class _Ema(nn.Module):
 
 
 def test_a_kept_graph_that_later_losses_use_is_reported_live_and_left_alone() -> None:
-    def run(mode: str | None) -> tuple[list[torch.Tensor], list[gradguard._watch.HolderHistory]]:
+    def run(mode: str | None) -> tuple[list[torch.Tensor], list[gradguard._watch.watcher.HolderHistory]]:
         torch.manual_seed(0)
         model = _Ema()
         HOLDERS["ema"] = model
@@ -551,7 +551,7 @@ def test_a_backwarded_graph_reports_the_nodes_it_keeps() -> None:
         loss.backward()
         KEPT.append(loss)
     [entry] = gradguard.audit(ignore=elsewhere)
-    assert entry.pinned_bytes == 0 and entry.nodes == 14 and entry.node_bytes == 14 * gradguard._audit.NODE_BYTES
+    assert entry.pinned_bytes == 0 and entry.nodes == 14 and entry.node_bytes == 14 * gradguard._watch.audit.NODE_BYTES
     assert not entry.alive and "14 (~9.6 KiB)" in str(gradguard.audit(ignore=elsewhere))
 
 
@@ -616,7 +616,7 @@ def test_the_suggested_guard_fixes_the_leak() -> None:
 def test_audits_from_several_threads_run_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two searches side by side see each other's tables (lists of every object) and slow down many
     times over: they are serialised."""
-    from gradguard import _audit
+    from gradguard._watch import audit as _audit
 
     running, overlaps = [0], []
     original = _audit.find_paths

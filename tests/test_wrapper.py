@@ -1,4 +1,4 @@
-"""gradguard._wrapper: wrapt function wrappers, and what kind of callable a function is."""
+"""gradguard._guards.wrapper: wrapt function wrappers, and what kind of callable a function is."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import wrapt
 
-from gradguard._wrapper import function_wrapper, kind
+from gradguard._guards.wrapper import function_wrapper, kind
 
 
 def _recorder(tag: str, calls: list[tuple[str, Any, Any, tuple[Any, ...], dict[str, Any]]]) -> Any:

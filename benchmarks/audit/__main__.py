@@ -24,8 +24,9 @@ import torch  # noqa: E402
 
 import gradguard  # noqa: E402
 from benchmarks.audit import heap  # noqa: E402
-from gradguard import _holders, _table  # noqa: E402
-from gradguard._bench.machine import measuring  # noqa: E402
+from gradguard._heap import holders as _holders  # noqa: E402
+from gradguard._policy import table as _table
+from gradguard._tools.bench.machine import measuring  # noqa: E402
 
 __all__ = ["main"]
 

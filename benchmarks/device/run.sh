@@ -134,7 +134,7 @@ main() {
   if [ "$mode" = dry ]; then
     echo "--- --te is added to the defaults run only if Transformer Engine imports there"
   else
-    te_status=$("${py[@]}" -c "import sys; from gradguard._doctor import te_import_error as e; r = e(); print(r or 'imports'); sys.exit(0 if r is None else 1)")
+    te_status=$("${py[@]}" -c "import sys; from gradguard._tools.doctor import te_import_error as e; r = e(); print(r or 'imports'); sys.exit(0 if r is None else 1)")
     te_ok=$?
     if [ "$target" = cpu ]; then
       echo "--- CPU: --te not run (Transformer Engine runs on CUDA only; here: $te_status)"

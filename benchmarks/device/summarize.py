@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from gradguard._bench.report import late_table, verdicts
+from gradguard._tools.bench.report import late_table, verdicts
 
 MiB = 2**20
 
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     stem.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
     stem.with_suffix(".md").write_text(markdown(summary))
     if read:
-        from gradguard._bench.report import late_plot, plot
+        from gradguard._tools.bench.report import late_plot, plot
 
         growth = {f"{n} / {s}": r for n, rep in runs.items() if rep for s, r in rep.get("scenarios", {}).items()}
         if growth:

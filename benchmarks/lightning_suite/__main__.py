@@ -31,7 +31,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 from benchmarks.lightning_suite import recorder  # noqa: E402
-from gradguard._bench.machine import machine, machine_line  # noqa: E402
+from gradguard._tools.bench.machine import machine, machine_line  # noqa: E402
 
 __all__ = ["DESELECTED", "RUNS", "SUBSET", "main"]
 

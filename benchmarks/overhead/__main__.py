@@ -18,7 +18,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.overhead import cases, report, timing  # noqa: E402
-from gradguard._bench.machine import measuring  # noqa: E402
+from gradguard._tools.bench.machine import measuring  # noqa: E402
 
 __all__ = ["main", "run"]
 

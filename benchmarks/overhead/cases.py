@@ -232,8 +232,8 @@ def _walks() -> tuple[Callable[[Any], Any], Callable[[Any], Any], Callable[[Any]
     """``detach`` through ``_Walk.visit`` (the inline scan), through the spec path at the top level only
     (``_Walk.container`` of the record itself; its children are visited as usual), and through the spec
     path at every level (the walk as it would be without ``_Walk.builtin``: the choice item 2 makes)."""
-    from gradguard import _tree
-    from gradguard._containers import ATOM, OPAQUE, SEALED, TENSOR, spec_for
+    from gradguard._tree import walk as _tree
+    from gradguard._tree.containers import ATOM, OPAQUE, SEALED, TENSOR, spec_for
 
     walk_cls = _tree._Walk
     detach_tensor = _tree._detach_tensor
@@ -445,7 +445,7 @@ def scenario_steps(name: str) -> Callable[[int], StepTime]:
     each micro-batch timed (no memory meter: its tracker would slow the step), and what stats counted."""
 
     def step(micro_batches: int) -> StepTime:
-        from gradguard._bench.scenarios import Size, build
+        from gradguard._tools.bench.scenarios import Size, build
 
         scenario = build(name, torch.device("cpu"), Size())
         times: list[float] = []
@@ -633,7 +633,7 @@ def _share_megatron(selected: frozenset[str]) -> Iterator[list[Case]]:
     _schedules()  # megatron-core imports, or the group is unavailable
     from megatron.core import parallel_state
 
-    from gradguard._bench import megatron_gpt
+    from gradguard._tools.bench import megatron_gpt
 
     made_world = not dist.is_initialized() and not parallel_state.model_parallel_is_initialized()
     try:

@@ -2,8 +2,8 @@
 
 :func:`entry` turns one measured case into its JSON entry; :func:`document` assembles the run;
 :func:`text` and :func:`markdown` read nothing but that document, so every figure a table shows is
-in the JSON. Tables go through :mod:`gradguard._table`, the machine line through
-:mod:`gradguard._bench.machine`, as for ``gradguard bench`` and ``stats()``.
+in the JSON. Tables go through :mod:`gradguard._policy.table`, the machine line through
+:mod:`gradguard._tools.bench.machine`, as for ``gradguard bench`` and ``stats()``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gradguard import _table
+from gradguard._policy import table as _table
 
 from .cases import DECIDE, DELTA_US, INFO, RATIO, SHARE, Case, StepTime
 from .timing import Paired, Side

@@ -3,7 +3,7 @@
 A Ray actor's state is reached first through Ray's own table of actor instances
 (``ray._private.worker.global_worker.actors``), so without this the watch names what an actor keeps
 from Ray's module globals and offers to replace Ray's table. Here the instance is a named root
-(:mod:`gradguard._roots`): ``actor Trainer: self.losses[*]``, fix ``self.losses = gradguard.guard([])
+(:mod:`gradguard._heap.roots`): ``actor Trainer: self.losses[*]``, fix ``self.losses = gradguard.guard([])
 (in actor Trainer)``.
 
 Ray's public runtime context says whether this process is an actor (``get_actor_id()``); the instance
@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .. import _roots
+from .._heap import roots as _roots
 
 __all__ = ["current", "current_class", "provide_roots"]
 

@@ -21,10 +21,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from .. import _table
-from .._audit import nodes_text
-from .._message import display, human
-from .._stats import SiteStats, Stats
+from .._policy import table as _table
+from .._policy.message import display, human
+from .._policy.stats import SiteStats, Stats
+from .._watch.audit import nodes_text
 
 __all__ = ["Merged", "merge"]
 

@@ -24,12 +24,12 @@ import sys
 import threading
 from collections.abc import Mapping
 
-from .._enforce import enforce
 from .._errors import GradGuardError
-from .._policy import get_mode
-from .._site import set_origin
-from .._stats import SiteStats, stats
-from .._watch import HolderHistory, Watcher, stop_process_watch, watch
+from .._policy.modes import get_mode
+from .._policy.site import set_origin
+from .._policy.stats import SiteStats, stats
+from .._scope.enforce import enforce
+from .._watch.watcher import HolderHistory, Watcher, stop_process_watch, watch
 from . import _actor
 from ._identity import HOST, Identity, identify
 from ._report import Baseline, content, file_name, write

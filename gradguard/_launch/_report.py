@@ -33,8 +33,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .._stats import SiteStats
-from .._watch import Every, HolderHistory, Watcher
+from .._policy.stats import SiteStats
+from .._watch.watcher import Every, HolderHistory, Watcher
 from ._identity import Identity
 
 __all__ = ["FORMAT", "VERSION", "Baseline", "content", "file_name", "read_run", "reports_in", "write"]

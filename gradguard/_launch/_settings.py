@@ -23,8 +23,8 @@ import os
 from collections.abc import Mapping
 
 from .._errors import GradGuardError
-from .._policy import ENV_VAR as MODE
-from .._watch import AUDIT_ENV, Every, parse_audit
+from .._policy.modes import ENV_VAR as MODE
+from .._watch.watcher import AUDIT_ENV, Every, parse_audit
 
 __all__ = ["AUDIT", "BOOTSTRAP", "MODE", "PARENT", "REPORT_DIR", "Settings", "child_environment", "exports"]
 

@@ -20,12 +20,12 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from .._arguments import MISSING, Argument
-from .._contract import LossCheck
-from .._policy import DETACH, OFF, resolve
-from .._publish import publish
-from .._results import guard_loss_func
-from .._store import guard_in_place
+from .._boundary.publish import publish
+from .._guards.arguments import MISSING, Argument
+from .._guards.contract import LossCheck
+from .._guards.results import guard_loss_func
+from .._guards.store import guard_in_place
+from .._policy.modes import DETACH, OFF, resolve
 from . import _patch
 from ._adapter import Adapter
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from .._policy import DETACH, OFF, resolve
-from .._publish import publish, publish_many
+from .._boundary.publish import publish, publish_many
+from .._policy.modes import DETACH, OFF, resolve
 from . import _patch
 from ._adapter import Adapter
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from .._arguments import MISSING, Argument
-from .._contract import LossCheck
-from .._results import Labels, guard_result
+from .._guards.arguments import MISSING, Argument
+from .._guards.contract import LossCheck
+from .._guards.results import Labels, guard_result
 from . import _patch
 from ._adapter import Adapter
 

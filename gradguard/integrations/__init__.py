@@ -14,9 +14,9 @@ import importlib
 import logging
 import types
 
-from .._audit import Ignore, RetentionReport
 from .._errors import GradGuardError
-from .._watch import Watcher
+from .._watch.audit import Ignore, RetentionReport
+from .._watch.watcher import Watcher
 
 __all__ = ["MissingFrameworkError", "WatchedRun", "import_framework"]
 

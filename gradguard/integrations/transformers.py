@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._audit import Ignore
+from .._watch.audit import Ignore
 from . import WatchedRun, import_framework
 
 import_framework("transformers", distribution="transformers", extra="transformers")  # the framework, or a clear error

@@ -152,7 +152,7 @@ def assert_outcome(
 def megatron() -> Iterator[ModuleType]:
     """The megatron-gpt harness module, megatron imported, a world of one gloo rank (no gc.freeze)."""
     require_engine("megatron.core.pipeline_parallel.schedules")
-    from gradguard._bench import megatron_gpt
+    from gradguard._tools.bench import megatron_gpt
 
     megatron_gpt.ensure_world()
     try:
@@ -169,7 +169,7 @@ megatron_warnings = pytest.mark.filterwarnings(
 @megatron_warnings
 @pytest.mark.parametrize("guarded", [True, False], ids=["guarded", "unguarded"])
 def test_megatron_real_schedule(megatron: ModuleType, elsewhere: Any, guarded: bool) -> None:
-    from gradguard._bench.scenarios import Size
+    from gradguard._tools.bench.scenarios import Size
 
     loss_func = example("megatron_gpt_schedule").loss_func  # log_probs and entropy, undetached
     harness = megatron.GPTSchedule("cpu", Size(seq=32, batch=2, hidden=64, vocab=128), loss_func=loss_func)

@@ -32,7 +32,7 @@ import wrapt
 from _helpers import require_engine
 
 import gradguard
-from gradguard._bench.scenarios import Size
+from gradguard._tools.bench.scenarios import Size
 from gradguard.testing import MemoryProbe
 
 SCHEDULES = "megatron.core.pipeline_parallel.schedules"
@@ -50,7 +50,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Warning. tp_group is None:Deprec
 def mg() -> Iterator[ModuleType]:
     """The harness module, with megatron imported, a world of one rank, and a cheap gc."""
     schedules = require_engine(SCHEDULES)
-    from gradguard._bench import megatron_gpt
+    from gradguard._tools.bench import megatron_gpt
 
     # megatron's import leaves ~400k objects for every gc.collect() (each reading takes one) to scan
     gc.collect()
@@ -161,8 +161,8 @@ BEFORE_IMPORT = textwrap.dedent(
     import gc, json, sys, warnings
     import torch, wrapt
     import gradguard
-    from gradguard._bench.megatron_gpt import GPTSchedule, ensure_world
-    from gradguard._bench.scenarios import Size
+    from gradguard._tools.bench.megatron_gpt import GPTSchedule, ensure_world
+    from gradguard._tools.bench.scenarios import Size
     from gradguard.testing import MemoryProbe
 
     SIZE, N = Size(seq=32, batch=2, hidden=64, vocab=128), 16
@@ -357,7 +357,7 @@ def test_real_schedule_on_cuda(mg: ModuleType) -> None:
 
 @pytest.mark.integration
 def test_bench_scenario_on_cpu(mg: ModuleType, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    from gradguard._cli import main
+    from gradguard._tools.cli import main
 
     threads = torch.get_num_threads()
     try:
@@ -380,7 +380,7 @@ def test_bench_scenario_without_megatron_refuses_in_one_line() -> None:
     """Not an integration test: it hides megatron (installed or not) from a fresh interpreter."""
     code = (
         "import sys; sys.modules['megatron'] = None\n"
-        "from gradguard._cli import main\n"
+        "from gradguard._tools.cli import main\n"
         "raise SystemExit(main(['bench', '--device', 'cpu', '--scenario', 'megatron-gpt', '--no-progress']))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "GRADGUARD"}

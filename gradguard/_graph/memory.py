@@ -1,0 +1,186 @@
+"""What an autograd graph keeps alive: :func:`pinned_bytes`, :func:`released_bytes`, and the shared count
+behind the audit's figures.
+
+The walks visit each graph node once. They never run backward, never call a checkpointed function,
+and never unpack a saved tensor that has saved-tensor hooks (unpacking a non-reentrant checkpoint's
+saved tensor re-runs its forward): inspecting a graph leaves it, and the gradients it will produce,
+exactly as they were.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Hashable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch._C import _functorch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from .._tree.walk import iter_tensors
+from .nodes import is_parameter as _is_parameter
+from .nodes import nodes as _nodes
+
+__all__ = ["graph_memory", "pinned_bytes", "released_bytes"]
+
+
+def _distinct_tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """Each distinct tensor in ``obj``: the tree walk's, used here and nowhere else in this module."""
+    return (t for _, t in iter_tensors(obj))
+
+
+def pinned_bytes(obj: Any) -> int:
+    """Estimate the bytes that the autograd graphs reachable from ``obj`` keep alive.
+
+    Counted, each piece of memory once (keyed by device and data pointer):
+      * leaves reached through ``AccumulateGrad`` nodes that are not ``nn.Parameter``s (receive
+        buffers, embedding outputs made leaves by ``enable_input_require_grads``, checkpoint
+        inputs), and their ``.grad``;
+      * tensors saved for backward that have not been freed yet (all of them in a forward-only
+        pass with grad enabled; none after ``backward()`` without ``retain_graph``);
+      * for saved tensors packed by saved-tensor hooks, the packed object when it is a tensor.
+
+    A tensor counts for the memory it really holds: a sparse tensor its indices and values, a
+    ``DTensor`` its local shard, a jagged nested tensor and any other traceable wrapper subclass the
+    components its ``__tensor_flatten__`` names, another wrapper subclass the tensors among its
+    attributes; a meta tensor, and any tensor whose storage is unallocated or freed, counts 0.
+
+    Not visible, so not counted: memory held by hooks as opaque objects (a non-reentrant
+    checkpoint's recomputation state, offload holders that are not tensors), the C++ node objects
+    themselves, parameters, views of them saved for backward (``addmm`` saves ``weight.t()``) and
+    their gradients (they outlive any record anyway), and tensors held by Python closures or
+    ``ctx`` attributes other than ``save_for_backward``.
+    """
+    roots = [t.grad_fn for t in _distinct_tensors(obj) if t.grad_fn is not None]
+    return graph_memory(roots, set())[0]
+
+
+def released_bytes(obj: Any) -> int:
+    """Estimate the bytes that detaching ``obj``'s graph tensors releases: what their graphs keep
+    pinned once a backward has run through them (its saved tensors are freed by the backward anyway):
+    the leaves reached through ``AccumulateGrad`` that are not ``nn.Parameter``s, and their ``.grad``
+    (the leaf's size when the backward has not made it yet). Each storage once. In a forward-only
+    pass no backward frees the saved tensors: detaching then releases them too, and this
+    undercounts by their size (:func:`pinned_bytes` counts them)."""
+    counted: set[Hashable] = set()
+    total = 0
+    for node in _nodes(t.grad_fn for t in _distinct_tensors(obj) if t.grad_fn is not None):
+        leaf = getattr(node, "variable", None)
+        if leaf is None or _is_parameter(leaf):
+            continue
+        for part in (leaf, leaf.grad):
+            if part is None:  # the gradient the backward will make: the leaf's own size
+                total += sum(n for key, n in _memory(leaf, set()) if ("grad", key) not in counted)
+                counted.update(("grad", key) for key, _ in _memory(leaf, set()))
+                continue
+            for key, nbytes in _memory(part, set()):
+                if key not in counted:
+                    counted.add(key)
+                    total += nbytes
+    return total
+
+
+def graph_memory(roots: Iterable[Any], counted: set[Hashable], held: set[int] | None = None) -> tuple[int, int]:
+    """What the graphs from the autograd nodes ``roots`` keep alive, by :func:`pinned_bytes`' rules:
+    ``(bytes, nodes)``, the bytes of the memory and the number of graph nodes (leaves'
+    ``AccumulateGrad`` nodes excluded: they live as long as their leaf) that ``counted`` does not
+    hold yet (their keys are added to it, so several calls sharing ``counted`` count each storage and
+    each node once). ``held``, when given, collects the ids of the tensors the graphs hold."""
+    total = nodes = 0
+
+    def add(t: Any) -> None:
+        nonlocal total
+        if not isinstance(t, torch.Tensor):
+            return
+        if held is not None:
+            held.add(id(t))
+        if _is_parameter(t):
+            return
+        for key, nbytes in _memory(t, set()):
+            if key not in counted:
+                counted.add(key)
+                total += nbytes
+
+    for node in _nodes(roots):
+        leaf = getattr(node, "variable", None)  # only AccumulateGrad has one
+        if leaf is not None:
+            if not _is_parameter(leaf):
+                add(leaf)
+                add(leaf.grad)
+            continue
+        if node not in counted:
+            counted.add(node)
+            nodes += 1
+        for data in _saved_data(node):
+            add(data)
+    return total, nodes
+
+
+_SPARSE_PARTS = {
+    torch.sparse_coo: ("_indices", "_values"),
+    torch.sparse_csr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
+    torch.sparse_bsc: ("ccol_indices", "row_indices", "values"),
+}
+
+
+def _memory(t: torch.Tensor, seen: set[int]) -> Iterator[tuple[Hashable, int]]:
+    """``(key, bytes)`` for each piece of memory ``t`` really holds; nothing for what holds none."""
+    if id(t) in seen or t.is_meta:
+        return
+    seen.add(id(t))
+    if is_traceable_wrapper_subclass(t):  # DTensor, jagged nested tensors, tensor-subclass quantizers
+        names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
+        parts: Iterable[Any] = [getattr(t, name) for name in names]
+    elif _functorch.is_functorch_wrapped_tensor(t):
+        parts = [_functorch.get_unwrapped(t)]
+    elif t.layout in _SPARSE_PARTS:
+        parts = [getattr(t, name)() for name in _SPARSE_PARTS[t.layout]]  # new objects: kept alive for `seen`
+    else:
+        own = _storage(t)
+        if own is not None:
+            yield own
+            return
+        parts = vars(t).values()  # a wrapper subclass keeping its data in attributes; freed or fake: none
+    for part in parts:
+        if isinstance(part, torch.Tensor):
+            yield from _memory(part, seen)
+
+
+def _storage(t: torch.Tensor) -> tuple[Hashable, int] | None:
+    """``t``'s own allocated storage as ``(key, bytes)``; ``None`` where nothing is allocated in it."""
+    try:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):  # a wrapper subclass, or an opaque layout
+        if type(t) in (torch.Tensor, nn.Parameter):
+            return ("tensor", id(t)), t.numel() * t.element_size()  # mkldnn and the like own their elements
+        return None
+    return ((t.device, ptr), storage.nbytes()) if ptr else None
+
+
+_saved_names: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
+def _saved_data(node: Any) -> Iterator[Any]:
+    """What the node's saved tensors hold, read without unpacking; nothing on old torch builds."""
+    cls = type(node)
+    names = _saved_names.get(cls)
+    if names is None:
+        names = tuple(n for n in dir(node) if n.startswith("_raw_saved_"))
+        _saved_names[cls] = names
+    for name in names:
+        try:
+            value = getattr(node, name)
+        except RuntimeError:
+            continue  # freed by backward
+        for saved in value if isinstance(value, (list, tuple)) else (value,):
+            if not hasattr(saved, "unpack_hook"):
+                continue
+            data = getattr(saved, "data", None)
+            if saved.unpack_hook is not None and isinstance(data, (list, tuple)):
+                yield from data  # a hook's packed form, e.g. save_on_cpu's (device, tensor)
+            else:
+                yield data

@@ -1,0 +1,744 @@
+"""Who holds a tensor: the live tensors that carry ``grad_fn``, and a reverse reference search from them to roots.
+
+The search goes up level by level from all its targets together: one heap pass per level for the
+whole frontier (``gc.get_referrers``, or a referent sweep for a large frontier), never one per
+tensor, until every target reached a module global or nothing is left to climb. Roots are what is
+alive by definition:
+
+* module globals: a module's ``__dict__`` in ``sys.modules`` (``mypkg.train:HISTORY``; a class
+  attribute is a global's attribute, ``mypkg.train:Trainer.cache``);
+* the frame locals of every thread (``train.py:42 in train_step: metrics['loss_sum']``).
+
+A path that goes through a suspended generator or coroutine, or through a function's closure, is
+named from there, the way one reads it: ``train.py:42 in train_steps: loss_sum`` (the generator's
+frame), ``closure of mypkg.train:make.<locals>.add: total``. Such an object counts only when a root
+reaches it: a generator, a closure or a class that is garbage names nothing.
+
+A thread's frame local is the weakest root: an object held by one keeps being climbed, so that a
+tensor that is both the current step's ``loss`` and an item of a global list is named by the list.
+Objects that no root reaches (garbage cycles, tensors only C++ code holds) get no path. Frames of
+gradguard's own code, gradguard's module globals, ``gc.garbage`` and the search's own containers
+are never part of a path. An instance's reference to its class is not climbed (every instance of
+a class would join the frontier): a class only its instances keep alive names nothing.
+
+A path is a tuple of :class:`Edge`, root first. Its owners are live objects: a path is meant to be
+used (read, repaired, spelled) while the scan that found it runs, then dropped; nothing here keeps
+any of them after the caller lets go.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import gc
+import itertools
+import os
+import sys
+import types
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .frames import frame_locals
+from .ownership import library_of_module
+from .paths import MODULE_STATE, Edge, Path, class_dict, instance_dict, is_a, module_dict, read_ref, sequence_items
+from .roots import NamedRoot, live_roots
+
+__all__ = ["find_paths", "live_graph_tensors", "own_code", "running_thread"]
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(sys.modules[__name__.partition(".")[0]].__file__ or "")) + os.sep
+_REVERSE_LEVELS = 32  # past this many levels up, one forward sweep from the roots finds the rest (see _Search.run)
+_SWEEP_FROM = 256  # frontiers this large are looked up with a sweep (see _Search.referrers)
+_SWEEP_CHUNK = 1024
+_FRAMES_TRAVERSE_LOCALS = sys.version_info < (3, 11)  # before 3.11 a running frame is a referrer of its locals
+
+_SEQUENCES = (list, collections.deque)
+_CO_OPTIMIZED = 0x0001  # inspect.CO_OPTIMIZED: a function's frame (a module or class body's is not)
+_GENERATORS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)
+_HEAP_ROOTS = ("named", "global")  # roots that hold a target for good, by preference; gradguard._heap.roots (issue 18)
+
+
+# --------------------------------------------------------------------------------------------------
+# The targets
+# --------------------------------------------------------------------------------------------------
+
+
+def live_graph_tensors(exclude_ids: set[int], optimizers: list[Any] | None = None) -> list[torch.Tensor]:
+    """Every live tensor (subclasses included) that carries ``grad_fn``, in one ``gc.get_objects()`` pass.
+
+    Never an ``nn.Parameter`` (a leaf holds no graph) or a view of one (a tied decoder weight,
+    ``emb.weight.t()``: the parameter itself, seen through a view), never a tensor torch traces with
+    (FakeTensor, FunctionalTensor: torch.compile keeps them in its own metadata), never one whose id
+    is in ``exclude_ids``. A tensor whose ``grad_fn`` cannot be read (a functorch-wrapped tensor
+    outside its transform) is skipped. Objects are told apart by their exact type (against every
+    tensor subclass defined now), never through ``__class__``, so a proxy that claims to be a tensor
+    is not one. ``optimizers``, when given, receives every live ``torch.optim.Optimizer``, found in
+    the same pass.
+    """
+    kinds = _tensor_types()
+    objects = gc.get_objects()
+    types_ = list(map(type, objects))
+    tensors = list(itertools.compress(objects, map(kinds.__contains__, types_)))
+    if optimizers is not None:
+        optimizer_kinds = _subclasses(torch.optim.Optimizer)
+        optimizers.extend(itertools.compress(objects, map(optimizer_kinds.__contains__, types_)))
+    del objects, types_  # it refers to every object: no search may run while it lives
+    found = []
+    for t in tensors:
+        if id(t) in exclude_ids:
+            continue
+        try:
+            if t.grad_fn is None or is_a(t._base, nn.Parameter):
+                continue
+        except Exception:  # noqa: BLE001 - a subclass whose grad_fn raises outside its mode holds nothing we can name
+            continue
+        found.append(t)
+    return found
+
+
+def _subclasses(base: type) -> frozenset[type]:
+    """``base`` and every subclass of it defined now."""
+    found: set[type] = {base}
+    stack: list[type] = [base]
+    while stack:
+        subclasses: list[type] = type.__subclasses__(stack.pop())
+        for sub in subclasses:
+            if sub not in found:
+                found.add(sub)
+                stack.append(sub)
+    return frozenset(found)
+
+
+def _tensor_types() -> frozenset[type]:
+    """``torch.Tensor`` and every subclass of it defined now; not parameters, nor the tensors torch
+    itself traces with."""
+    found = _subclasses(torch.Tensor)
+    return frozenset(c for c in found if not issubclass(c, nn.Parameter) and not _traced_with(c))
+
+
+def _traced_with(cls: type) -> bool:
+    """A tensor subclass torch makes for tracing (``torch._subclasses``: FakeTensor, FunctionalTensor)."""
+    module = cls.__dict__.get("__module__")
+    return isinstance(module, str) and module.startswith("torch._subclasses.")
+
+
+# --------------------------------------------------------------------------------------------------
+# Frames
+# --------------------------------------------------------------------------------------------------
+
+
+def own_code(code: types.CodeType) -> bool:
+    """Code of gradguard itself: its frames are never scanned."""
+    return code.co_filename.startswith(_PACKAGE_DIR)
+
+
+def running_thread(frame: Any) -> int | None:
+    """The ident of the thread whose stack runs ``frame`` now; ``None`` for any other frame (a suspended
+    generator's, a finished one) and for anything that is not a frame."""
+    if not is_a(frame, types.FrameType):
+        return None
+    stacks = list(sys._current_frames().items())
+    current: types.FrameType | None = None
+    try:
+        for ident, top in stacks:
+            current = top
+            while current is not None:
+                if current is frame:
+                    return ident
+                current = current.f_back
+        return None
+    finally:
+        stacks = top = current = None  # type: ignore[assignment]  # this frame is on a stack: no cycle with it
+
+
+def _thread_frames() -> Iterator[types.FrameType]:
+    """Every frame of every thread, innermost first, gradguard's own excluded."""
+    for top in list(sys._current_frames().values()):
+        frame: types.FrameType | None = top
+        while frame is not None:
+            if not own_code(frame.f_code):
+                yield frame
+            frame = frame.f_back
+
+
+# --------------------------------------------------------------------------------------------------
+# The search
+# --------------------------------------------------------------------------------------------------
+
+
+class _Search:
+    """One reverse search. Every container it makes is kept in ``self.mine`` until it ends: they are
+    referrers of what they hold, so their ids are excluded, and kept alive so that no id is reused."""
+
+    def __init__(self, targets: Sequence[torch.Tensor], excluded: set[int]) -> None:
+        self.keep: list[Any] = []  # every object met, alive while the search runs
+        self.mine: set[int] = {id(self), id(self.keep), id(self.__dict__)}
+        self.excluded = excluded
+        self.objects: dict[int, Any] = {}  # id -> object, for every object met
+        self.children: dict[int, list[int]] = {}  # id -> ids of the objects it holds (found below it)
+        self.parents: dict[int, list[int]] = {}
+        self.below: dict[int, int] = {}  # id -> bitmask of the targets it leads to
+        self.roots: dict[int, str] = {}  # id -> "global" (a module's globals) or "local" (a thread's frame local)
+        self.named: dict[int, NamedRoot] = {}  # gradguard._heap.roots: id -> its root, a "named" root (issue 18)
+        self.locals: dict[int, list[tuple[int, str]]] = {}  # id(value) -> [(frame index, name)]
+        self.local_values: dict[int, Any] = {}
+        self.frames: list[types.FrameType] = []
+        self.modules: dict[int, types.ModuleType] = {}  # id(module.__dict__) -> module
+        self.held = 0  # targets a module global (not only a thread's frame local) reaches
+        self.deep: dict[int, list[Any]] = {}  # target index -> chain, from the downward sweep
+        self.named_roots: list[tuple[Any, NamedRoot]] = []
+        for name in (
+            "objects",
+            "children",
+            "parents",
+            "below",
+            "roots",
+            "locals",
+            "frames",
+            "modules",
+            "deep",
+            "local_values",
+            "named",
+        ):
+            self.mine.add(id(getattr(self, name)))
+        self.targets = list(targets)
+        self.own(self.targets)
+
+    def close(self) -> None:
+        """Let go of everything: the search's containers refer to each other (a referrer list holds
+        the list that holds it), so without this they would wait for the cycle collector."""
+        for container in self.keep:
+            if isinstance(container, (list, dict, set)) and id(container) in self.mine:
+                container.clear()
+        self.keep.clear()
+        tables = (self.objects, self.locals, self.local_values, self.frames, self.modules, self.targets, self.roots)
+        for table in (*tables, self.deep, self.named):
+            table.clear()
+
+    def own(self, container: Any) -> Any:
+        self.keep.append(container)
+        self.mine.add(id(container))
+        return container
+
+    def setup(self) -> None:
+        for module in list(sys.modules.values()):
+            if not is_a(module, types.ModuleType):
+                continue
+            namespace = module_dict(module)
+            module_name = namespace.get("__name__", "")
+            if isinstance(module_name, str) and (module_name == "gradguard" or module_name.startswith("gradguard.")):
+                self.excluded.add(id(namespace))
+            else:
+                self.modules.setdefault(id(namespace), module)
+        self.excluded.add(id(gc.garbage))
+        self.named_roots = self.own(live_roots())  # gradguard._heap.roots (issue 18): held by the list while we run
+        for obj, root in self.named_roots:
+            self.named[id(obj)] = root
+            self.excluded.add(id(root))
+        for frame in _thread_frames():
+            index = len(self.frames)
+            self.frames.append(frame)
+            if _FRAMES_TRAVERSE_LOCALS:
+                self.excluded.add(id(frame))  # found through self.locals instead
+            if id(frame.f_globals) in self.modules and not frame.f_code.co_flags & _CO_OPTIMIZED:
+                if frame.f_locals is frame.f_globals:
+                    continue  # a module's top-level code: its locals are that module's globals, a root already
+            for name, value in frame_locals(frame) or ():
+                if gc.is_tracked(value):
+                    self.keep.append(value)
+                    self.local_values[id(value)] = value
+                    self.locals.setdefault(id(value), []).append((index, name))
+        if _FRAMES_TRAVERSE_LOCALS:  # gradguard's own frames are referrers of the search's state
+            own: types.FrameType | None
+            for own in list(sys._current_frames().values()):
+                while own is not None:
+                    if own_code(own.f_code):
+                        self.excluded.add(id(own))
+                    own = own.f_back
+
+    def meet(self, obj: Any, bits: int) -> bool:
+        """Record ``obj`` (new); ``True`` when it is a module's globals (a root not climbed further)."""
+        oid = id(obj)
+        self.objects[oid] = obj
+        self.below[oid] = bits
+        self.children[oid] = []  # ids only: these lists refer to nothing the search climbs
+        self.parents[oid] = []
+        if oid in self.named:  # gradguard._heap.roots (issue 18): a root, not climbed further
+            self.roots[oid] = "named"
+            return True
+        if oid in self.modules:
+            self.roots[oid] = "global"
+            return True
+        if oid in self.locals:
+            self.roots[oid] = "local"
+        return False
+
+    def link(self, parent: int, child: int) -> None:
+        self.children[parent].append(child)
+        self.parents[child].append(parent)
+
+    def spread(self, oid: int, bits: int) -> None:
+        """``oid`` leads to ``bits`` too: so do all it was found under; roots count them as held."""
+        stack = [(oid, bits)]
+        while stack:
+            node, new = stack.pop()
+            new &= ~self.below[node]
+            if not new:
+                continue
+            self.below[node] |= new
+            if self.roots.get(node) in _HEAP_ROOTS:
+                self.held |= new
+            stack.extend((p, new) for p in self.parents[node])
+
+    def run(self) -> None:
+        self.setup()
+        everything = 0
+        for i, t in enumerate(self.targets):
+            oid = id(t)
+            if oid in self.objects:  # the same tensor twice
+                continue
+            self.keep.append(t)
+            self.meet(t, 1 << i)
+            everything |= 1 << i
+        frontier = self.own([t for t in self.targets])
+        for _ in range(_REVERSE_LEVELS):
+            if not frontier or self.held == everything:
+                return
+            frontier = self.climb(frontier)
+        if frontier and self.held != everything:
+            self.deep = self.sweep(everything & ~self.held)
+
+    def climb(self, frontier: list[Any]) -> list[Any]:
+        """One level up: link every referrer of ``frontier``; the new objects worth climbing from."""
+        frontier_ids = {id(o) for o in frontier}
+        self.own(frontier_ids)
+        found = self.own(self.referrers(frontier, frontier_ids))
+        new = self.own([])
+        for r in found:
+            rid = id(r)
+            if rid in self.mine or rid in self.excluded:
+                continue
+            if _FRAMES_TRAVERSE_LOCALS and is_a(r, types.FrameType) and own_code(r.f_code):
+                continue  # before 3.11: a frame of this search, made after setup()
+            cls = id(type(r))  # an instance's own class: not climbed (see the module docstring)
+            kids = [id(c) for c in gc.get_referents(r) if id(c) in frontier_ids and id(c) != cls]
+            if not kids:
+                continue
+            if rid not in self.objects:
+                self.keep.append(r)
+                self.meet(r, 0)
+                new.append(r)
+            for kid in kids:
+                self.link(rid, kid)
+                self.spread(rid, self.below[kid])
+        return self.own([r for r in new if self.roots.get(id(r)) not in _HEAP_ROOTS and self.below[id(r)] & ~self.held])
+
+    def sweep(self, wanted: int) -> dict[int, list[Any]]:
+        """Chains, root first, to the targets in the bitmask ``wanted``, from one breadth-first walk
+        down from the roots (module globals first, then thread locals).
+
+        Climbing costs a heap pass per level: a holder hundreds of references deep (a linked list)
+        would cost hundreds. Walking down from the roots costs one pass over what they reach, whatever
+        the depth.
+        """
+        targets = {id(t): i for i, t in enumerate(self.targets) if wanted >> i & 1}
+        parent: dict[int, int | None] = {}
+        objects: dict[int, Any] = self.own({})
+        found: dict[int, list[Any]] = {}
+        globals_ = [module_dict(self.modules[oid]) for oid in self.modules if oid not in self.excluded]
+        named = [obj for obj, _ in self.named_roots]  # gradguard._heap.roots (issue 18)
+        # Named roots and module globals first, to the end: a thread's local names a target only where
+        # nothing else reaches it.
+        local = [self.local_values[oid] for oid in sorted(self.local_values, key=self._in_library)]
+        for roots in (named, globals_, local):
+            queue: collections.deque[Any] = self.own(collections.deque())
+            for root in roots:
+                if id(root) not in parent:
+                    parent[id(root)], objects[id(root)] = None, root
+                    queue.append(root)
+            while queue and len(found) < len(targets):
+                obj = queue.popleft()
+                cls = type(obj)
+                for child in gc.get_referents(obj):
+                    cid = id(child)
+                    if cid in parent or cid in self.mine or cid in self.excluded or child is cls:
+                        continue
+                    if cid in targets:
+                        found[cid] = []
+                    elif not gc.is_tracked(child):
+                        continue
+                    parent[cid], objects[cid] = id(obj), child
+                    queue.append(child)
+            queue.clear()
+        chains: dict[int, list[Any]] = {}
+        for cid in found:
+            chain: list[Any] = []
+            node: int | None = cid
+            while node is not None:
+                chain.append(objects[node])
+                node = parent[node]
+            chains[targets[cid]] = chain[::-1]
+        objects.clear()
+        queue.clear()
+        return chains
+
+    def referrers(self, frontier: list[Any], frontier_ids: set[int]) -> list[Any]:
+        """The objects that refer to any of ``frontier``: one pass over the heap for all of them.
+
+        ``gc.get_referrers`` compares each reference in the heap with every object of the frontier,
+        so its cost grows with the frontier; past :data:`_SWEEP_FROM` objects a sweep that looks each
+        reference up in a set, at a cost that does not, is faster.
+        """
+        if len(frontier) < _SWEEP_FROM:
+            return gc.get_referrers(*frontier)
+        objects = gc.get_objects()
+        found: list[Any] = []
+        referents, disjoint = gc.get_referents, frontier_ids.isdisjoint
+        for start in range(0, len(objects), _SWEEP_CHUNK):
+            chunk = objects[start : start + _SWEEP_CHUNK]
+            if not disjoint(map(id, referents(*chunk))):
+                found.extend(o for o in chunk if not disjoint(map(id, referents(o))))
+        return found
+
+    def chains(self) -> list[list[Any] | None]:
+        """For each target, the objects from a root down to it: the nearest module global wins; a
+        thread's frame local only where no global reaches."""
+        via: dict[int, int | None] = {}
+        order: list[int] = []  # breadth-first: parents before children
+        queue: collections.deque[int] = collections.deque()
+        for first in _HEAP_ROOTS:  # gradguard._heap.roots (issue 18): named roots first, then module globals
+            for oid, kind in self.roots.items():
+                if kind == first and oid not in via:
+                    via[oid] = None
+                    queue.append(oid)
+            self._walk(queue, via, order)
+        # Thread locals last: those of the program's own frames before those of libraries' frames (a
+        # framework's loop holding the model is not where the program keeps it).
+        local = [oid for oid, kind in self.roots.items() if kind == "local"]
+        for oid in sorted(local, key=self._in_library):
+            if oid not in via:
+                via[oid] = None
+                queue.append(oid)
+                self._walk(queue, via, order)
+        self._prefer_sequences(via, order)
+        result: list[list[Any] | None] = []
+        for i, t in enumerate(self.targets):
+            node: int | None = id(t)
+            if i in self.deep and (node not in via or self.roots.get(self._top(node, via)) != "global"):
+                result.append(self.deep[i])
+                continue
+            if node not in via:
+                result.append(None)
+                continue
+            chain = []
+            while node is not None:
+                chain.append(self.objects[node])
+                node = via[node]
+            result.append(self._rehome(chain[::-1], via))
+        return result
+
+    def _in_library(self, oid: int) -> bool:
+        """Whether every frame whose local is ``oid`` runs a library's code."""
+        for index, _ in self.locals.get(oid, ()):
+            module = self.frames[index].f_globals.get("__name__")
+            if not isinstance(module, str) or library_of_module(module) is None:
+                return False
+        return True
+
+    def _top(self, node: int, via: dict[int, int | None]) -> int:
+        up = via[node]
+        while up is not None:
+            node, up = up, via[up]
+        return node
+
+    def _rehome(self, chain: list[Any], via: dict[int, int | None]) -> list[Any]:
+        """A chain whose root names its second object directly (``rec = {...}``, a variable) is named
+        through a list or deque that also holds that object and that the climb stopped short of
+        (``HISTORY.append(rec)``): the container that accumulates, not the alias of the latest record."""
+        if len(chain) < 3 or is_a(chain[0], _SEQUENCES):
+            return chain
+        named = id(chain[1])
+        for parent in self.parents.get(named, ()):
+            owner = self.objects[parent]
+            if parent in via or not is_a(owner, _SEQUENCES):
+                continue
+            for holder in gc.get_referrers(owner):  # one level more above it
+                if id(holder) in self.modules and id(holder) not in self.excluded:
+                    self.keep.append(owner)
+                    return [holder, owner, *chain[1:]]
+        return chain
+
+    def _prefer_sequences(self, via: dict[int, int | None], order: list[int]) -> None:
+        """Where an object is held both by a name (a variable, an attribute) and by a list or deque,
+        name it through the list: ``self.last = rec; self.history.append(rec)`` is the history's leak.
+        ``via`` stays a forest: an object is moved under a list only when the list's own chain does
+        not go through it."""
+        for oid in order:
+            current = via.get(oid)
+            if current is None or is_a(self.objects[current], _SEQUENCES):
+                continue
+            for parent in self.parents.get(oid, ()):
+                if parent == current or parent not in via or not is_a(self.objects[parent], _SEQUENCES):
+                    continue
+                node: int | None = parent
+                while node is not None and node != oid:
+                    node = via[node]
+                if node is None:
+                    via[oid] = parent
+                    break
+
+    def _walk(self, queue: collections.deque[int], via: dict[int, int | None], order: list[int]) -> None:
+        while queue:
+            oid = queue.popleft()
+            for kid in self.children[oid]:
+                if kid not in via:
+                    via[kid] = oid
+                    order.append(kid)
+                    queue.append(kid)
+
+
+def find_paths(targets: Sequence[torch.Tensor], excluded: Iterable[int] = ()) -> list[Path | None]:
+    """One path from a root to each of ``targets`` (``None`` where no root reaches it), in order.
+
+    Objects whose ids are in ``excluded`` are never part of a path. The shortest path from a heap
+    root wins; a thread's frame local is used only where no heap root reaches the target. Reading
+    paths does not change the objects on them (an instance whose attributes live inline in the
+    object, Python 3.11+, may get its ``__dict__`` materialised: its attributes stay as they are).
+    """
+    search = _Search(targets, set(excluded))
+    try:
+        search.run()
+        paths: list[Path | None] = []
+        for chain in search.chains():
+            try:
+                paths.append(None if chain is None else _describe(chain, search))
+            except RuntimeError:  # another thread changed a container while it was read: no path this time
+                paths.append(None)
+        return paths
+    finally:
+        search.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# Describing a chain of objects as edges
+# --------------------------------------------------------------------------------------------------
+
+
+def _describe(chain: list[Any], search: _Search) -> Path | None:
+    """The edges along ``chain`` (root first), collapsing dicts into the attributes they store and
+    naming the path from the last suspended generator or closure on it; ``None`` when an object on
+    it no longer holds the next one (another thread changed it meanwhile)."""
+    edges: list[Edge] = []
+    named = _named_from(chain)
+    i = max(named, 0)
+    owner = chain[i]
+    if named >= 0 and is_a(owner, _GENERATORS):
+        frame = _generator_frame(owner)
+        if frame is None:
+            return None
+        if is_a(chain[i + 1], types.FrameType):  # before 3.11: generator -> its frame -> the local
+            i += 1
+        else:
+            i += _frame_edge(frame, chain, i, edges)
+            if edges[0].kind != "local":  # held on the generator's value stack, not by a named local
+                edges[0] = Edge(frame, "local", "<stack>")
+    elif named >= 0:  # a function -> its __closure__ -> a cell -> the contents
+        free = _free_var(owner, chain[i + 2])
+        if free is None:
+            return None
+        edges.append(Edge(owner, "cell", free))
+        i += 3
+    elif search.roots.get(id(owner)) == "named":  # gradguard._heap.roots (issue 18): the path starts at the object
+        root = search.named[id(owner)]
+        edges.append(Edge(root, "named", root.name))
+    elif id(owner) not in search.modules:  # a thread's frame local
+        index, name = search.locals[id(owner)][0]
+        edges.append(Edge(search.frames[index], "local", name))
+    else:
+        key = _dict_key(owner, chain[1])
+        if key is _MISSING:
+            return None
+        edges.append(Edge(search.modules[id(owner)], "global", key))
+        i = 1
+    while i < len(chain) - 1:
+        i += _step(chain, i, edges)
+    return tuple(_collapse_module_state(edges))
+
+
+def _named_from(chain: list[Any]) -> int:
+    """Where the path is named from: the last suspended generator or coroutine on ``chain``, or the last
+    function that holds the rest through its closure; else -1 (named from its root)."""
+    for i in range(len(chain) - 2, -1, -1):
+        obj = chain[i]
+        if is_a(obj, _GENERATORS) and _generator_frame(obj) is not None:
+            return i
+        if (
+            is_a(obj, types.FunctionType)
+            and i + 3 < len(chain)
+            and obj.__closure__ is not None
+            and chain[i + 1] is obj.__closure__
+            and is_a(chain[i + 2], types.CellType)
+        ):
+            return i
+    return -1
+
+
+def _generator_frame(gen: Any) -> types.FrameType | None:
+    for name in ("gi_frame", "cr_frame", "ag_frame"):
+        frame = getattr(gen, name, None)
+        if frame is not None:
+            return frame  # type: ignore[no-any-return]
+    return None
+
+
+def _frame_edge(frame: types.FrameType, chain: list[Any], i: int, edges: list[Edge]) -> int:
+    """``chain[i]`` holds (a frame of) ``chain[i + 1]`` as a local; a cell variable's cell is skipped."""
+    child = chain[i + 1]
+    values = frame_locals(frame) or []
+    for name, value in values:
+        if value is child:
+            edges.append(Edge(frame, "local", name))
+            return 1
+    if is_a(child, types.CellType) and i + 2 < len(chain):
+        target = chain[i + 2]
+        for name, value in values:
+            if value is target:
+                edges.append(Edge(frame, "local", name))
+                return 2
+    return _ref(chain[i], child, edges, "<frame stack>")
+
+
+def _ref(owner: Any, child: Any, edges: list[Edge], what: str | None = None) -> int:
+    edges.append(Edge(owner, "ref", what or f"<{type(owner).__qualname__}>"))
+    return 1
+
+
+_MISSING: Any = object()
+
+
+def _dict_key(d: Any, child: Any) -> Any:
+    for k, v in dict.items(d):
+        if v is child:
+            return k
+    return _MISSING
+
+
+def _free_var(fn: types.FunctionType, cell: Any) -> str | None:
+    for name, c in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        if c is cell:
+            return name
+    return None
+
+
+_REFS: dict[type, tuple[str, ...]] = {
+    types.MethodType: ("__self__", "__func__"),
+    functools.partial: ("func", "args", "keywords"),
+    types.TracebackType: ("tb_frame", "tb_next"),
+    types.FunctionType: ("__defaults__", "__kwdefaults__", "__closure__", "__dict__"),
+    property: ("fget", "fset", "fdel"),
+    staticmethod: ("__func__",),
+    classmethod: ("__func__",),
+    types.CellType: ("cell_contents",),
+    BaseException: ("__traceback__", "__context__", "__cause__", "args"),
+}
+
+
+def _step(chain: list[Any], i: int, edges: list[Edge]) -> int:
+    """Describe ``chain[i]`` holding ``chain[i + 1]``; returns how many links of the chain it used."""
+    owner, child = chain[i], chain[i + 1]
+    if is_a(owner, types.FrameType):
+        return _frame_edge(owner, chain, i, edges)
+    if is_a(owner, _GENERATORS):
+        frame = _generator_frame(owner)
+        return _frame_edge(frame, chain, i, edges) if frame is not None else _ref(owner, child, edges)
+    if is_a(owner, dict):
+        for k, v in dict.items(owner):
+            if v is child:
+                edges.append(Edge(owner, "item", k))
+                return 1
+        for position, k in enumerate(dict.keys(owner)):
+            if k is child:
+                edges.append(Edge(owner, "key", position))
+                return 1
+    elif is_a(owner, (list, tuple, collections.deque)):
+        for index, v in sequence_items(owner):
+            if v is child:
+                edges.append(Edge(owner, "item", index))
+                return 1
+    elif is_a(owner, (set, frozenset)):
+        edges.append(Edge(owner, "member", None))
+        return 1
+    for cls in type(owner).__mro__:
+        refs = _REFS.get(cls)
+        if refs is not None:
+            for name in refs:
+                try:
+                    held = read_ref(owner, cls, name)
+                except (AttributeError, LookupError, TypeError, ValueError):
+                    continue
+                if held is child:
+                    edges.append(Edge(owner, "ref", name))
+                    return 1
+            break
+    if is_a(owner, type):  # a class -> its __dict__ -> the value: a class attribute
+        key = _dict_key(child, chain[i + 2]) if type(child) is dict and i + 2 < len(chain) else _MISSING
+        if key is not _MISSING and class_dict(owner).get(key) is chain[i + 2]:
+            edges.append(Edge(owner, "class", key))
+            return 2
+        return _ref(owner, child, edges)
+    namespace = instance_dict(owner)
+    if namespace is not None:
+        if namespace is child and i + 2 < len(chain):  # owner -> its __dict__ -> value: one attribute
+            key = _dict_key(namespace, chain[i + 2])
+            if key is not _MISSING:
+                edges.append(Edge(owner, "attr", key))
+                return 2
+        for k, v in dict.items(namespace):
+            if v is child:
+                edges.append(Edge(owner, "attr", k))
+                return 1
+    slot = _slot_name(owner, child)
+    if slot is not None:
+        edges.append(Edge(owner, "slot", slot))
+        return 1
+    return _ref(owner, child, edges)
+
+
+def _slot_name(obj: Any, child: Any) -> str | None:
+    for cls in type(obj).__mro__:
+        namespace = class_dict(cls)
+        slots = namespace.get("__slots__", ())
+        for name in (slots,) if type(slots) is str else slots if type(slots) in (tuple, list) else ():
+            descriptor = namespace.get(name)
+            if type(descriptor) is not types.MemberDescriptorType:
+                continue
+            try:
+                if descriptor.__get__(obj, type(obj)) is child:
+                    return str(name)
+            except AttributeError:  # an unset slot
+                continue
+    return None
+
+
+def _collapse_module_state(edges: list[Edge]) -> list[Edge]:
+    """``module._modules['layers']`` becomes the attribute it is: ``module.layers``."""
+    out: list[Edge] = []
+    i = 0
+    while i < len(edges):
+        edge = edges[i]
+        if (
+            edge.kind == "attr"
+            and edge.key in MODULE_STATE
+            and is_a(edge.owner, nn.Module)
+            and i + 1 < len(edges)
+            and edges[i + 1].kind == "item"
+            and type(edges[i + 1].key) is str
+        ):
+            out.append(Edge(edge.owner, "attr", edges[i + 1].key))
+            i += 2
+            continue
+        out.append(edge)
+        i += 1
+    return out

@@ -1,0 +1,119 @@
+"""Whose state an object on a path is: the program's own, or a library's.
+
+The watch repairs only the program's own state, and the audit suggests a fix only where the user can
+apply one. An object belongs to a library when its class is defined in the standard library, in
+torch, or in an installed package (a module under a ``site-packages`` directory); a module global
+belongs to its module's owner. Two exceptions, because they are the program's whatever package
+defines them: ``nn.Module`` instances (the model) and plain containers (``list``, ``dict``,
+``deque`` and their subclasses, ``SimpleNamespace``), which belong to whoever holds them. Along a
+path, ownership is that of the nearest object above that is not a container: a ``list`` in a
+user's object is the user's, a ``list`` in ``logging.Handler`` is the standard library's.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import site
+import sys
+import sysconfig
+import types
+from typing import Any
+
+from torch import nn
+
+from .paths import Path, class_dict, is_a, module_dict
+
+__all__ = ["Owner", "library", "library_of_module", "path_owners"]
+
+_QUALNAME = type.__dict__["__qualname__"].__get__
+_CONTAINERS = (list, dict, tuple, set, frozenset, collections.deque, types.SimpleNamespace)
+
+
+@functools.lru_cache(maxsize=1)
+def _library_dirs() -> tuple[str, ...]:
+    dirs = {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
+    try:
+        dirs.update(site.getsitepackages())
+        dirs.add(site.getusersitepackages())
+    except AttributeError:  # a virtualenv's old site module
+        pass
+    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs if d)
+
+
+@functools.lru_cache(maxsize=4096)
+def library_of_module(name: str) -> str | None:
+    """The library a module (by dotted name) belongs to: ``"the standard library"``, ``"torch"``, the
+    installed package's top-level name, or ``None`` for the program's own code."""
+    top = name.partition(".")[0]
+    if top in sys.stdlib_module_names or top == "builtins":
+        return "the standard library"
+    if top in ("torch", "gradguard", "wrapt"):
+        return top
+    module = sys.modules.get(top)
+    filename = getattr(module, "__file__", None) if is_a(module, types.ModuleType) else None
+    if not isinstance(filename, str):
+        return None
+    return top if os.path.realpath(filename).startswith(_library_dirs()) else None
+
+
+def library(obj: Any) -> str | None:
+    """The library that owns ``obj``'s state (see the module documentation), or ``None``: the
+    program's own, or a container whose owner is whoever holds it."""
+    if is_a(obj, _CONTAINERS) or is_a(obj, nn.Module):
+        return None
+    if is_a(obj, types.ModuleType):
+        name = module_dict(obj).get("__name__")
+        return library_of_module(name) if isinstance(name, str) else None
+    cls = obj if is_a(obj, type) else type(obj)
+    module = class_dict(cls).get("__module__")
+    return library_of_module(module) if isinstance(module, str) else None
+
+
+class Owner:
+    """Who owns each object along a path: :func:`path_owners`."""
+
+    __slots__ = ("label", "what")
+
+    def __init__(self, label: str | None, what: str) -> None:
+        self.label, self.what = label, what
+
+    @property
+    def program(self) -> bool:
+        return self.label is None
+
+    def __repr__(self) -> str:
+        return f"Owner({self.label!r}, {self.what!r})"
+
+
+def path_owners(path: Path) -> list[Owner]:
+    """For each edge of ``path`` (root first), who owns the state it reads (``edge.owner``): a
+    library, with what its object is (``logging.BufferingHandler``), or the program."""
+    owners: list[Owner] = []
+    current = Owner(None, "")
+    for edge in path:
+        obj = edge.owner
+        if edge.kind == "local":
+            code = obj.f_code if is_a(obj, types.FrameType) else None
+            module = obj.f_globals.get("__name__") if code is not None else None
+            label = library_of_module(module) if isinstance(module, str) else None
+            current = Owner(label, f"a local of {getattr(code, 'co_qualname', getattr(code, 'co_name', '?'))}")
+        elif edge.kind == "named":  # gradguard._heap.roots: an object of the program a framework holds
+            current = Owner(None, obj.label)
+        elif edge.kind == "cell":
+            label = library_of_module(obj.__module__) if isinstance(getattr(obj, "__module__", None), str) else None
+            current = Owner(label, f"a closure of {obj.__qualname__}")
+        elif not is_a(obj, _CONTAINERS):
+            label = library(obj)
+            cls = obj if is_a(obj, (type, types.ModuleType)) else type(obj)
+            name = module_dict(obj).get("__name__", "?") if is_a(obj, types.ModuleType) else _qualified(cls)
+            if label is not None or is_a(obj, nn.Module) or edge.kind in ("global", "class", "attr", "slot"):
+                current = Owner(label, name)
+        owners.append(current)
+    return owners
+
+
+def _qualified(cls: type) -> str:
+    module, qualname = class_dict(cls).get("__module__"), _QUALNAME(cls)
+    return f"{module}.{qualname}" if isinstance(module, str) and module != "builtins" else str(qualname)

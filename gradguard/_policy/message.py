@@ -1,0 +1,55 @@
+"""What a user reads when a graph is found: the warning and error texts, and how names are shown.
+
+Every name that comes from user code (a store's name, a call site) is shown as it is when it is
+plain printable text, and as its ``repr`` otherwise, so a newline or a terminal escape in a name can
+never forge a line of a message or of the stats table.
+"""
+
+from __future__ import annotations
+
+from .._tree.walk import GraphRecord
+
+__all__ = ["display", "human", "retention"]
+
+_SHOWN = 8
+
+OUTCOMES = {
+    "refused": "Refused (mode 'raise'): nothing was stored.",
+    "detached": "Detached before storing (mode 'warn'); this site will not warn again.",
+    "kept": (
+        "gradguard cannot rebuild what holds them (an object no rule knows, a set, a dict key), so they were "
+        "stored as they are (mode 'warn'); this site will not warn again. Teach the container with "
+        "gradguard.register_container, or"
+    ),
+}
+
+
+def display(name: str) -> str:
+    """``name`` itself when it is plain printable text, else its ``repr``."""
+    return name if name.isprintable() else repr(name)
+
+
+def human(n: int) -> str:
+    """Bytes for people: ``384 B``, ``1.5 KiB``, ``45.4 MiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def retention(store: str, site: str, graphs: list[GraphRecord], estimate: int, outcome: str) -> str:
+    """The message for ``graphs`` that reached ``store`` from ``site``; ``outcome`` is a key of ``OUTCOMES``."""
+    shown = "\n".join(
+        f"    {display(g.path) or '<the record itself>'}  {g.grad_fn}  shape={g.shape} {g.dtype}"
+        for g in graphs[:_SHOWN]
+    )
+    more = f"\n    ... and {len(graphs) - _SHOWN} more" if len(graphs) > _SHOWN else ""
+    fix = "Fix at the source: publish `.detach()`ed values *after* the loss is computed."
+    if outcome == "kept":
+        fix = "publish `.detach()`ed values *after* the loss is computed."
+    return (
+        f"{len(graphs)} tensor(s) carrying an autograd graph reached store {display(store)} from {display(site)}, "
+        f"pinning ~{human(estimate)} per record:\n{shown}{more}\n{OUTCOMES[outcome]} {fix}"
+    )

@@ -1,0 +1,244 @@
+"""Bytes in use per device, read at each step boundary for a small fraction of an audit: the memory trigger's input.
+
+:class:`AllocatedReader` returns ``{"cpu": bytes, "cuda:0": bytes, ...}`` for the devices it can read.
+Each figure counts what is allocated now, not what the allocator keeps cached, so it moves by the
+bytes of whatever stays alive across a boundary.
+
+CPU
+    glibc's ``mallinfo2()``: ``uordblks`` (bytes in use in the arenas' heaps) plus ``hblkhd`` (bytes
+    in chunks glibc gave their own ``mmap``). torch's CPU tensors come from ``posix_memalign``; glibc
+    serves a large one by ``mmap`` until a freed mmapped chunk raises its threshold, and from the heap
+    after that, so the same tensor size lands in either field depending on history: only the sum
+    follows a tensor to the byte. Python's small objects (pymalloc's arenas, mapped directly) are
+    not in it, which keeps the figure quiet. glibc's own allocator must be the one in use: a
+    ``posix_memalign`` of 1 MiB is made once, when the reader is built, and must show in the figure
+    (under a preloaded jemalloc or tcmalloc it does not, and the reader does not use ``mallinfo2``).
+    Where it cannot be used (no glibc, glibc older than 2.33, another allocator) the figure is the
+    resident set from ``/proc/self/statm``: pages the process has touched, which glibc's cached free
+    memory keeps high and a returned mapping lowers, so it is coarser. Where neither exists (macOS,
+    Windows) there is no CPU figure.
+CUDA
+    The caching allocator's allocated bytes (``torch.cuda.memory_allocated``'s figure, read from the
+    same statistics without its Python flattening of every counter), for each device the process has
+    used (its peak is not zero); devices first used later are found by a scan every
+    ``RESCAN`` readings. Nothing is read while CUDA is not initialised: the reader never initialises
+    it, never synchronises, and does nothing on a CPU-only build.
+
+What a reading costs
+    ``mallinfo2`` walks glibc's lists of free chunks, so its cost grows with the heap's fragmentation:
+    the few hundred free chunks of a clean training loop cost a small fraction of a step, the first
+    reading after a step more than a second one (the walk finds the caches cold), and a heap that a
+    leak has fragmented (each kept graph leaves holes between the blocks it pins) many times more
+    (``benchmarks/results/trigger-cpu.md``). The resident set costs one system call whatever the
+    heap. The CUDA figure builds the allocator's whole statistics dictionary. So the reader can be
+    given a ``share`` of the wall time: it then reads only when its cheapest recent reading costs at
+    most ``share`` times the time since its last reading, and returns ``{}`` (no figure) otherwise. A
+    step long enough for the reading is read at every boundary; a reading that turned expensive is
+    spread out instead of slowing every step.
+
+The reader never imports torch: it reads CUDA only when ``torch`` is already in ``sys.modules`` (or
+given). It is not thread-safe to share one reader between threads that read at the same time.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import sys
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Literal
+
+from .._errors import GradGuardError
+
+__all__ = ["CPU", "RESCAN", "AllocatedReader", "CpuSource", "mallinfo2_reader", "statm_reader"]
+
+CPU = "cpu"
+RESCAN = 64
+"""CUDA: readings between two scans of every device for one first used since."""
+
+CpuSource = Literal["mallinfo2", "statm"]
+
+_PROBE_BYTES = 1 << 20
+_COSTS_KEPT = 3  # the budget goes by the cheapest of the last readings: one preempted reading does not stall it
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def mallinfo2_reader() -> Callable[[], int] | None:
+    """A function returning glibc's in-use bytes (``uordblks + hblkhd``), or ``None`` where that figure
+    would not be honest: no ``mallinfo2`` (not glibc, or glibc < 2.33), or an allocation made through
+    ``posix_memalign`` (what torch's CPU allocator calls) does not show in it."""
+    try:
+        libc = ctypes.CDLL(None)
+        mallinfo2 = libc.mallinfo2
+        memalign = libc.posix_memalign
+        free = libc.free
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.argtypes = []
+    mallinfo2.restype = _Mallinfo2
+    memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t]
+    memalign.restype = ctypes.c_int
+    free.argtypes = [ctypes.c_void_p]
+    free.restype = None
+
+    def read() -> int:
+        info = mallinfo2()
+        return int(info.uordblks + info.hblkhd)
+
+    # Another thread may free or allocate between the two readings: a few tries before giving up.
+    for _ in range(3):
+        pointer = ctypes.c_void_p()
+        before = read()
+        if memalign(ctypes.byref(pointer), 64, _PROBE_BYTES) != 0:
+            return None
+        after = read()
+        free(pointer)
+        if _PROBE_BYTES <= after - before < 2 * _PROBE_BYTES:
+            return read
+    return None
+
+
+def statm_reader(path: str = "/proc/self/statm") -> Callable[[], int] | None:
+    """A function returning the resident set in bytes from ``/proc/self/statm``, or ``None`` where the
+    file cannot be read. The file stays open; a forked child reopens its own."""
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        fd = os.open(path, os.O_RDONLY)
+        os.pread(fd, 128, 0)
+    except (OSError, ValueError, AttributeError):
+        return None
+    opened = [fd, os.getpid()]
+
+    def read() -> int:
+        if opened[1] != os.getpid():  # /proc/self was resolved by the parent
+            opened[0], opened[1] = os.open(path, os.O_RDONLY), os.getpid()
+        return int(os.pread(opened[0], 128, 0).split()[1]) * page
+
+    return read
+
+
+class AllocatedReader:
+    """``reader()``: bytes in use now per device, ``{"cpu": n, "cuda:0": m, ...}`` (see the module
+    documentation for what each figure is).
+
+    ``cpu``: ``"auto"`` (``mallinfo2`` where it is honest, else ``statm``, else no CPU figure),
+    ``"mallinfo2"`` or ``"statm"`` (that one or none), or ``"off"``. ``cuda``: whether to read the
+    CUDA devices in use. ``torch``: the torch module to read CUDA through; by default the one in
+    ``sys.modules`` at each reading, so a process that never imported torch reads none. ``share``: the
+    most of the wall time the readings may take, or ``None`` to read at every call (see "What a
+    reading costs" above; ``clock`` is the clock that budget is kept with, in seconds). ``skipped``
+    counts the calls that read nothing for the budget. A bad ``cpu`` or ``share`` is a
+    :class:`GradGuardError` naming the value and what is accepted.
+    """
+
+    def __init__(
+        self,
+        cpu: str = "auto",
+        cuda: bool = True,
+        torch: ModuleType | None = None,
+        share: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if cpu not in ("auto", "mallinfo2", "statm", "off"):
+            raise GradGuardError(f"cpu={cpu!r} is not accepted; accepted: 'auto', 'mallinfo2', 'statm', 'off'")
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1):
+            raise GradGuardError(f"share={share!r} is not accepted; accepted: a number > 0 and <= 1, or None")
+        self.share = share
+        self._clock = clock
+        self._costs: collections.deque[float] = collections.deque(maxlen=_COSTS_KEPT)
+        self._last: float | None = None
+        self.skipped = 0
+        self.cpu_source: CpuSource | None = None
+        self._cpu: Callable[[], int] | None = None
+        if cpu in ("auto", "mallinfo2"):
+            self._cpu = mallinfo2_reader()
+            self.cpu_source = "mallinfo2" if self._cpu is not None else None
+        if self._cpu is None and cpu in ("auto", "statm"):
+            self._cpu = statm_reader()
+            self.cpu_source = "statm" if self._cpu is not None else None
+        self.cuda = cuda
+        self._torch = torch
+        self._stats: Callable[[int], dict[str, int]] | None = None
+        self._devices: list[int] | None = None  # every CUDA device index, once CUDA is initialised
+        self._used: list[int] = []
+        self._readings = 0
+
+    def __call__(self) -> dict[str, int]:
+        if self.share is None:
+            return self._read()
+        now = self._clock()
+        if self._last is not None and min(self._costs) > self.share * (now - self._last):
+            self.skipped += 1
+            return {}
+        out = self._read()
+        self._last = self._clock()
+        self._costs.append(self._last - now)
+        return out
+
+    def _read(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        if self._cpu is not None:
+            out[CPU] = self._cpu()
+        if self.cuda:
+            self._read_cuda(out)
+        return out
+
+    def describe(self) -> str:
+        """What the figures are, in one line (what is off, and why, included)."""
+        cpu = {
+            "mallinfo2": "cpu: glibc mallinfo2 in-use bytes",
+            "statm": "cpu: resident set (/proc/self/statm; glibc's mallinfo2 not available or not in use)",
+            None: "cpu: no figure (neither glibc's mallinfo2 nor /proc/self/statm here)",
+        }[self.cpu_source]
+        cuda = "cuda: allocated bytes of each device in use" if self.cuda else "cuda: not read"
+        return f"{cpu}; {cuda}"
+
+    def _read_cuda(self, out: dict[str, int]) -> None:
+        torch = self._torch or sys.modules.get("torch")
+        if torch is None:
+            return
+        cuda = getattr(torch, "cuda", None)
+        if cuda is None or not cuda.is_initialized():
+            return
+        if self._stats is None:
+            self._stats = _allocated_stats(torch)
+            self._devices = list(range(cuda.device_count()))
+        stats = self._stats
+        if self._readings % RESCAN == 0:
+            self._used = [d for d in self._devices or () if stats(d)["peak"] > 0]
+        self._readings += 1
+        for d in self._used:
+            out[f"cuda:{d}"] = stats(d)["current"]
+
+
+def _allocated_stats(torch: ModuleType) -> Callable[[int], dict[str, int]]:
+    """``stats(d)`` -> ``{"current": bytes, "peak": bytes}`` of CUDA device ``d``'s allocated bytes."""
+    raw = getattr(torch._C, "_cuda_memoryStats", None)
+    if raw is not None:
+        return lambda d: raw(d)["allocated_bytes"]["all"]
+
+    # torch moved its private binding: the public functions (slower: they flatten every counter)
+    def public(d: int) -> dict[str, int]:
+        return {"current": torch.cuda.memory_allocated(d), "peak": torch.cuda.max_memory_allocated(d)}
+
+    return public

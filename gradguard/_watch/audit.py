@@ -1,0 +1,527 @@
+"""``gradguard.audit()``: every live autograd graph, who holds it, what it pins, and how to fix it.
+
+At a step boundary no autograd graph should still be alive: every tensor carrying ``grad_fn`` that
+Python can still reach names, through the path to it, what holds it. :func:`audit` lists them all,
+the current step's own ``loss`` included (deciding what is a leak is the watch's business);
+:func:`scan` is the same search for gradguard's own tools, with the live objects along each path.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import gc
+import threading
+import types
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from .._errors import GradGuardError
+from .._graph import memory as _graph
+from .._graph.liveness import Liveness
+from .._heap.holders import find_paths, live_graph_tensors, running_thread
+from .._heap.ownership import Owner, path_owners
+from .._heap.paths import Path, frame_where, holder_key, module_dict, reaches, read, spell, spell_steps
+from .._policy.message import display, human
+from .._policy.table import text
+from .._tree.walk import detach_tree, graph_record
+
+__all__ = [
+    "NODE_BYTES",
+    "Finding",
+    "Ignore",
+    "Retention",
+    "RetentionReport",
+    "audit",
+    "check_ignore",
+    "scan",
+    "scan_lock",
+    "scan_tensors",
+]
+
+NODE_BYTES = 700
+"""Estimated bytes of one autograd node that a kept graph pins: 640–780 B per node measured with
+glibc's allocator for an MLP, a convolution and a transformer layer's backwarded graphs on torch 2.13
+(``benchmarks/results/audit-cpu.md``): the node, its edges and input metadata, its freed saved
+variables."""
+
+scan_lock = threading.RLock()
+"""One heap search at a time in this process: a search running next to another sees the other's
+tables (lists of every object) as referrers and slows down many times over."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Retention:
+    """One holder of live autograd graphs: what :func:`gradguard.audit` reports.
+
+    * ``path``: one concrete path from a root to a tensor it holds, spelled as Python does:
+      ``mypkg.train:HISTORY[3]['loss']`` (a module global), ``mypkg.train:Trainer.cache`` (a class
+      attribute), ``train.py:42 in train_step: metrics['loss_sum']`` (a frame local, in any thread,
+      or in a suspended generator or coroutine), ``closure of mypkg.train:make.<locals>.add: total``.
+      Only what a module global or a thread's frame reaches is listed: garbage cycles are not.
+    * ``holder``: the path with sequence indices as ``[*]`` and without a line number:
+      ``mypkg.train:HISTORY[*]['loss']``. All the tensors reached through one holder are one entry.
+    * ``kind``: what the path is named from: ``"global"`` (a module global), ``"local"`` (a frame
+      local: of a thread, or of a suspended generator or coroutine) or ``"cell"`` (a closure).
+    * ``grad_fn``, ``shape``, ``dtype``, ``device``: of the tensor at ``path`` (``shape`` is ``None``
+      where it has no single shape).
+    * ``tensors``: how many graph tensors this holder keeps; ``nodes``: how many distinct autograd
+      nodes their graphs have (a holder that accumulates, ``loss_sum += loss``, grows by nodes).
+    * ``pinned_bytes``: what the graphs keep alive (the rules of :func:`gradguard.pinned_bytes`),
+      each storage counted once across the whole report, for the holder that pins the most.
+    * ``node_bytes``: what the graphs' own autograd nodes take, estimated at a fixed figure per node
+      (``NODE_BYTES``, 700 bytes) and counted once across the report: after a backward a kept loss
+      pins no tensor, but its nodes stay (a ``loss_sum += loss`` grows by them every step).
+    * ``fix``: what to do about it, offered only where it applies: a change the user can make that
+      releases the graph (checked: the suggested guard would detach this holder's value), or, for
+      a graph held in a library's state, where to pass a detached value instead.
+    * ``thread``: the name of the thread whose running frame holds it (``kind == "local"``, not a
+      suspended generator's frame); ``None`` otherwise. Another thread in the middle of its forward
+      is listed like any holder: telling its live graph from a leak is the caller's business.
+    * ``alive``: whether a backward through its graphs can still succeed: ``False`` once a backward
+      freed them or a tensor they saved was modified in place (an optimizer step), so detaching them
+      changes no gradient.
+
+    A record refers to no tensor and no object of the program: keeping it pins nothing.
+    """
+
+    path: str
+    holder: str
+    kind: str
+    grad_fn: str
+    shape: tuple[int, ...] | None
+    dtype: torch.dtype
+    device: torch.device
+    tensors: int
+    nodes: int
+    pinned_bytes: int
+    fix: str
+    thread: str | None = None
+    alive: bool = True
+    node_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: dtype and device as strings, shape as a list."""
+        entry = dataclasses.asdict(self)
+        entry.update(
+            shape=None if self.shape is None else list(self.shape), dtype=str(self.dtype), device=str(self.device)
+        )
+        return entry
+
+
+Ignore = str | Iterable[str] | Callable[[Retention], bool] | None
+
+
+class RetentionReport(Sequence[Retention]):
+    """What :func:`gradguard.audit` found: the :class:`Retention` entries, most pinned bytes first.
+
+    ``len(report)``, iteration and indexing give the entries; ``report.pinned_bytes`` is their true
+    total (no storage counted twice); ``report.untraced`` counts graph tensors alive that no root
+    reaches (garbage cycles not collected yet, tensors only C++ code holds): they are not entries.
+    ``report.frozen`` is how many objects ``gc.freeze()`` had frozen: Python's collector lists
+    neither them nor what refers to them, so a graph held by a container made before the freeze is
+    counted as untraced, not named. ``print(report)`` shows a table; ``report.to_dict()`` is JSON-ready.
+    """
+
+    def __init__(self, entries: Iterable[Retention], untraced: int = 0, frozen: int = 0) -> None:
+        self._entries = tuple(entries)
+        self.untraced = untraced
+        self.frozen = frozen
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Retention]:
+        return iter(self._entries)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._entries[index]
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(e.pinned_bytes for e in self._entries)
+
+    @property
+    def node_bytes(self) -> int:
+        return sum(e.node_bytes for e in self._entries)
+
+    @property
+    def tensors(self) -> int:
+        return sum(e.tensors for e in self._entries)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "holders": len(self._entries),
+            "tensors": self.tensors,
+            "pinned_bytes": self.pinned_bytes,
+            "node_bytes": self.node_bytes,
+            "untraced": self.untraced,
+            "frozen": self.frozen,
+            "entries": [e.to_dict() for e in self._entries],
+        }
+
+    def __str__(self) -> str:
+        if not self._entries:
+            return "gradguard.audit: no live autograd graph is held" + self._untraced_line()
+        rows = [
+            [
+                display(e.path if e.tensors == 1 else e.holder),
+                str(e.tensors),
+                human(e.pinned_bytes),
+                nodes_text(e.nodes, e.node_bytes),
+                "yes" if e.alive else "no",
+                e.grad_fn,
+                "?" if e.shape is None else "x".join(map(str, e.shape)) or "scalar",
+                str(e.dtype).removeprefix("torch."),
+                str(e.device),
+                display(e.fix),
+            ]
+            for e in self._entries
+        ]
+        header = ["holder", "tensors", "pinned", "nodes", "backward", "grad_fn", "shape", "dtype", "device", "fix"]
+        title = (
+            f"gradguard.audit: {len(self._entries)} holder(s) keep {self.tensors} tensor(s) carrying an autograd "
+            f"graph, pinning ~{human(self.pinned_bytes)} of tensors and ~{human(self.node_bytes)} of graph nodes"
+        )
+        return f"{title}\n{text(header, rows)}{self._untraced_line()}"
+
+    def _untraced_line(self) -> str:
+        if not self.untraced:
+            return ""
+        why = "garbage not collected yet, or held by C++ code"
+        if self.frozen:
+            why = (
+                f"{why}, or by one of the {self.frozen:,} objects gc.freeze() froze, which the audit cannot "
+                "search: call gc.unfreeze() before auditing"
+            )
+        return f"\n({self.untraced} more graph tensor(s) alive that nothing Python can reach holds: {why})"
+
+    def __repr__(self) -> str:
+        return (
+            f"<RetentionReport: {len(self._entries)} holder(s), {self.tensors} tensor(s), {human(self.pinned_bytes)}, "
+            f"~{human(self.node_bytes)} of nodes>"
+        )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Finding:
+    """One holder, with the live objects behind it: what :func:`scan` returns to gradguard's tools.
+
+    ``retention`` is the public record; ``key`` is ``retention.holder`` (stable from one step boundary
+    to the next: no line numbers, sequence indices as ``[*]``). ``tensors`` are the live graph
+    tensors and ``paths[i]`` the live path, root first, to ``tensors[i]``
+    (``_paths.read(paths[i][-1]) is tensors[i]``). ``thread_id``: the ident of the thread whose
+    running frame the example path starts in (``threading.get_ident()`` there), else ``None``. Drop
+    findings as soon as they are used: they keep the tensors, their graphs and every owner on the
+    paths alive.
+    """
+
+    retention: Retention
+    key: str
+    tensors: tuple[torch.Tensor, ...]
+    paths: tuple[Path, ...]
+    thread_id: int | None = None
+
+
+# --------------------------------------------------------------------------------------------------
+# ignore
+# --------------------------------------------------------------------------------------------------
+
+
+def check_ignore(ignore: Ignore) -> Callable[[Retention], bool] | None:
+    """``ignore`` as a predicate (``None``: nothing ignored); :class:`GradGuardError` for anything else.
+
+    A string or an iterable of strings: path prefixes, matched against both the concrete ``path`` and
+    the ``holder`` of an entry. A callable: called with each :class:`Retention`, ignored when true.
+    """
+    if ignore is None:
+        return None
+    if isinstance(ignore, str):
+        prefixes: tuple[str, ...] = (ignore,)
+    elif callable(ignore):
+        return ignore
+    elif isinstance(ignore, (bytes, bytearray)) or not isinstance(ignore, Iterable) or isinstance(ignore, dict):
+        raise GradGuardError(_bad_ignore(ignore))
+    else:
+        prefixes = tuple(ignore)
+        bad = [p for p in prefixes if not isinstance(p, str) or not p]
+        if bad:
+            raise GradGuardError(_bad_ignore(ignore, f" (holds {bad[0]!r})"))
+    if "" in prefixes:
+        raise GradGuardError(_bad_ignore(ignore, " (an empty prefix ignores everything)"))
+
+    def prefixed(entry: Retention) -> bool:
+        return entry.path.startswith(prefixes) or entry.holder.startswith(prefixes)
+
+    return prefixed
+
+
+def _bad_ignore(ignore: Any, detail: str = "") -> str:
+    shown = repr(ignore)
+    shown = shown if len(shown) <= 80 else shown[:79] + "…"
+    return (
+        f"gradguard.audit: ignore={shown}{detail} is not accepted; pass a path prefix (a non-empty str, e.g. "
+        "'mypkg.train:HISTORY'), an iterable of them, or a predicate called with each Retention "
+        "(lambda r: r.holder.startswith('mypkg.')), or None"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The scan
+# --------------------------------------------------------------------------------------------------
+
+
+def scan(ignore: Ignore = None, *, exclude_ids: Iterable[int] = ()) -> list[Finding]:
+    """Every holder of a live autograd graph, with the live objects behind it, most pinned bytes first.
+
+    ``ignore`` as in :func:`audit` (a predicate sees each holder's pinned bytes counted on its own);
+    tensors and objects whose ids are in ``exclude_ids`` are not considered (a caller's own state).
+    Never mutates anything, never unpacks a saved tensor. The findings keep what they name alive:
+    see :class:`Finding`.
+    """
+    exclude = set(exclude_ids)
+    with scan_lock:
+        tensors = live_graph_tensors(exclude)
+        return scan_tensors(tensors, check_ignore(ignore), exclude)[0]
+
+
+def audit(*, ignore: Ignore = None) -> RetentionReport:
+    """Find every live tensor that carries ``grad_fn`` and who holds it.
+
+    Looks at the whole process: module globals, class attributes, closure cells, the frames of
+    every thread (a thread in the middle of a forward is listed too) and of suspended generators and
+    coroutines. Never an ``nn.Parameter`` or a view of one (a tied weight), never a FakeTensor or
+    another tensor torch.compile traces with, never gradguard's own objects or frames. ``ignore``
+    takes path prefixes (a str, or an iterable of str, matched against ``path`` and ``holder``) or a
+    predicate called with each :class:`Retention`, for graphs kept on purpose (double backward,
+    ``retain_graph=True``); anything else raises :class:`GradGuardError`.
+
+    The audit never mutates anything, never calls the program's code (no ``__iter__``, property or
+    ``__getattr__`` of its objects, no frame's ``locals()`` snapshot written), never unpacks a saved
+    tensor that has hooks, and keeps nothing alive once it returns: the report holds strings and
+    numbers only. See :class:`Retention` for the fields.
+    """
+    keep_out = check_ignore(ignore)
+    with scan_lock:
+        tensors = live_graph_tensors(set())
+        findings, untraced = scan_tensors(tensors, keep_out, set())
+        del tensors
+    entries = [f.retention for f in findings]
+    del findings
+    return RetentionReport(entries, untraced, gc.get_freeze_count())
+
+
+def scan_tensors(
+    tensors: list[torch.Tensor],
+    keep_out: Callable[[Retention], bool] | None,
+    exclude: set[int],
+    liveness: Liveness | None = None,
+    known: dict[int, Path] | None = None,
+) -> tuple[list[Finding], int]:
+    """:func:`scan` of the given graph tensors (``live_graph_tensors``' result): the findings, most
+    pinned bytes first, and how many of the tensors no root reaches. Call it holding
+    :data:`scan_lock`; ``liveness``, when given, is the audit's (its held nodes are these tensors').
+    ``known``: live paths already found for some of them (by id): the heap is searched only for the
+    others, and not at all when there are none."""
+    if not tensors:
+        return [], 0
+    known = known or {}
+    unknown = [t for t in tensors if id(t) not in known]
+    found = iter(find_paths(unknown, {id(tensors), id(unknown), *exclude}) if unknown else ())
+    paths = [known[id(t)] if id(t) in known else next(found) for t in tensors]
+    del unknown, found
+    groups: dict[str, list[tuple[str, torch.Tensor, Path]]] = {}
+    lost = []  # no root reaches them
+    for t, path in zip(tensors, paths):
+        if path is None:
+            lost.append(t)
+            continue
+        groups.setdefault(holder_key(path), []).append((spell(path), t, path))
+    del paths
+    names = {t.ident: t.name for t in threading.enumerate()}
+    liveness = liveness or Liveness({t.grad_fn for t in tensors})
+    inside: set[int] = set()  # what the graphs found hold (saved tensors, leaves)
+    drafts = []
+    for key, members in groups.items():
+        members.sort(key=lambda m: (len(m[0]), m[0]))  # the example: HISTORY[0] rather than HISTORY[17]
+        example, group = members[0][2], tuple(m[1] for m in members)
+        alone, nodes = _graph.graph_memory([t.grad_fn for t in group], set(), inside)
+        thread = running_thread(example[0].owner) if example[0].kind == "local" else None
+        name = None if thread is None else names.get(thread, str(thread))
+        alive = any(liveness.state(t.grad_fn).alive for t in group)
+        retention = _retention(key, members[0][0], example, group, nodes, alone, name, alive)
+        if keep_out is not None and keep_out(retention):
+            continue
+        drafts.append((retention, group, tuple(m[2] for m in members), thread))
+    del groups, liveness
+    drafts.sort(key=lambda d: (-d[0].pinned_bytes, -d[0].tensors, d[0].holder))
+    counted: set[Hashable] = set()
+    findings = []
+    for retention, group, group_paths, thread in drafts:
+        shared, new_nodes = _graph.graph_memory([t.grad_fn for t in group], counted)  # each storage once, overall
+        retention = dataclasses.replace(retention, pinned_bytes=shared, node_bytes=new_nodes * NODE_BYTES)
+        findings.append(Finding(retention, retention.holder, group, group_paths, thread))
+    findings.sort(key=lambda f: -(f.retention.pinned_bytes + f.retention.node_bytes))  # stable: ties keep the order
+    # saved for backward by a graph found (torch keeps the Python object of a saved tensor): not lost
+    untraced = sum(1 for t in lost if id(t) not in inside)
+    return findings, untraced
+
+
+def _retention(
+    key: str,
+    example: str,
+    path: Path,
+    group: Sequence[torch.Tensor],
+    nodes: int,
+    pinned: int,
+    thread: str | None,
+    alive: bool,
+) -> Retention:
+    record = graph_record(group[0])
+    return Retention(
+        path=example,
+        holder=key,
+        kind=path[0].kind,
+        grad_fn=record.grad_fn,
+        shape=record.shape,
+        dtype=record.dtype,
+        device=record.device,
+        tensors=len(group),
+        nodes=nodes,
+        pinned_bytes=pinned,
+        fix=fix(path, group[0]),
+        thread=thread,
+        alive=alive,
+        node_bytes=nodes * NODE_BYTES,
+    )
+
+
+def nodes_text(nodes: int, node_bytes: int) -> str:
+    """``7 (~4.8 KiB)``: a holder's graph nodes and what they take (``shared``: counted for another holder)."""
+    if not nodes:
+        return "0"
+    return f"{nodes} (~{human(node_bytes)})" if node_bytes else f"{nodes} (shared)"
+
+
+# --------------------------------------------------------------------------------------------------
+# The fix
+# --------------------------------------------------------------------------------------------------
+
+_STORES: dict[type, str] = {
+    list: "[]",
+    dict: "{}",
+    collections.deque: "collections.deque()",
+    collections.OrderedDict: "collections.OrderedDict()",
+}
+_NAMING = ("global", "class", "local", "cell", "named", "attr", "slot")  # named: gradguard._heap.roots (issue 18)
+
+
+def fix(path: Path, tensor: torch.Tensor) -> str:
+    """What to do about the holder at ``path`` (live edges) of ``tensor``, first that applies:
+
+    * the graph is kept by an exception's traceback: clear it;
+    * it sits in a library's state (the standard library's, torch's, an installed package's): pass
+      a detached value where it enters that state;
+    * ``enforce(stores=...)`` when the store is an argument of the running function, and guarding
+      the nearest list, dict or deque the program owns and can name, that holds it as an item —
+      each only when guarding would release it (the item, detached as a guard detaches what is
+      stored, no longer reaches the tensor);
+    * else detaching it before it is stored there.
+    """
+    owners = path_owners(path)
+    if any(edge.kind == "ref" and edge.key in ("__traceback__", "tb_frame") for edge in path):
+        return (
+            "an exception's traceback keeps the frame's locals: keep the exception without it "
+            "(e.with_traceback(None)) or str(e), or call traceback.clear_frames(e.__traceback__)"
+        )
+    start = 0  # the program's own state starts here: after the last library object on the path
+    for j, owner in enumerate(owners):
+        if not owner.program:
+            start = j + 1
+    if start >= len(path):
+        lib = owners[-1]
+        return (
+            f"pass a detached value (t.detach() or t.item()) to {lib.what}: it is {lib.label}'s state, "
+            "which gradguard cannot guard"
+        )
+    first = path[start]
+    argument = start == 0 and first.kind == "local" and len(path) > 1 and _is_argument(first.owner, first.key)
+    if argument and path[1].kind == "item" and _releases(path, 1, tensor):
+        frame = first.owner
+        module = frame.f_globals.get("__name__")
+        qualname = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+        if isinstance(module, str) and "<" not in qualname:
+            return f'gradguard.enforce(stores={{"{module}:{qualname}": "{first.key}"}})'
+    reached = [e.owner for e in path[1:]]  # reached[j]: what edge j leads to (the last one: the tensor)
+    for j in range(len(reached) - 1, start - 1, -1):
+        store = _STORES.get(type(reached[j]))
+        named = all(e.kind in _NAMING or (e.kind == "item" and isinstance(e.key, str)) for e in path[start : j + 1])
+        if store is not None and named and path[j + 1].kind == "item" and _releases(path, j + 1, tensor):
+            return f"{_spelled(path, start, j + 1, owners)} = gradguard.guard({store}) ({_where(path, start)})"
+    for j in range(len(path) - 1, start - 1, -1):
+        kind = path[j].kind
+        if kind in ("key", "member"):
+            where = "the keys of" if kind == "key" else "the set"
+            return (
+                f"put a detached value (t.detach() or t.item()) in {where} {_spelled(path, start, j, owners) or 'it'}: "
+                "a tensor kept as a dict key or a set member keeps its graph"
+            )
+    library = next((o for o in owners[start:] if not o.program), None)
+    if library is not None:
+        return (
+            f"pass a detached value (t.detach() or t.item()) to {library.what}: it is {library.label}'s state, "
+            "which gradguard cannot guard"
+        )
+    return f"detach before storing into {_spelled(path, start, len(path), owners)} ({_where(path, start)})"
+
+
+def _spelled(path: Path, start: int, end: int, owners: list[Owner]) -> str:
+    """``path[start:end]`` as the program names it: from its first edge's own name (``HISTORY``,
+    ``trainer.metrics``), or, when the path starts inside a library's state, from the program's object
+    there (``self.training_step_outputs``)."""
+    if start == 0:
+        return _name(path[:end]) if end else ""
+    what = "self" if path[start].kind in ("attr", "slot") else f"<{owners[start].what}>"
+    return what + spell_steps(path[start:end])
+
+
+def _releases(path: Path, j: int, tensor: torch.Tensor) -> bool:
+    """Whether guarding the container of edge ``j`` would release ``tensor``: the value stored there,
+    detached as a guarded store detaches what it stores, no longer reaches it."""
+    try:
+        value = read(path[j])
+    except (LookupError, AttributeError, IndexError, TypeError, ValueError):
+        return False
+    try:
+        detached = detach_tree(value)
+    except GradGuardError:  # a record that cannot be rebuilt: a guard would refuse it
+        return False
+    return not reaches(detached, tensor)
+
+
+def _is_argument(frame: types.FrameType, name: str) -> bool:
+    code = frame.f_code
+    return name in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+
+
+def _name(path: Path) -> str:
+    """``path`` spelled from its first edge's own name on: ``HISTORY``, ``Trainer.cache``, ``trainer.metrics``."""
+    first = path[0]
+    head = str(first.key) if first.kind in _NAMING else ""
+    return head + spell_steps(path[1:]) if head else spell_steps(path).lstrip(".")
+
+
+def _where(path: Path, start: int) -> str:
+    edge = path[start]
+    if start:
+        owner = edge.owner
+        return f"in a {type(owner).__qualname__}"
+    if edge.kind == "local":
+        return f"in {frame_where(edge.owner)}"
+    if edge.kind == "cell":
+        return f"closure of {edge.owner.__module__}:{edge.owner.__qualname__}"
+    if edge.kind == "named":  # gradguard._heap.roots (issue 18): "in actor Trainer"
+        return f"in {edge.owner.label}"
+    return f"in {module_dict(edge.owner).get('__name__')}"

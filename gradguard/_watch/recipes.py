@@ -1,0 +1,99 @@
+"""Where a repaired holder is, by name: read again at later audits without searching the heap.
+
+A holder the watch repaired is often filled again by the program (a list that keeps every step's
+record, while the program leaks); searching the whole heap for it at every audit costs more than
+the step. A :class:`Recipe` remembers the holder's path by names only — the module and global it
+starts at, then attribute names and item keys, with ``*`` where the holder key has one (every item
+of a list, every value of a dict keyed by step) — and keeps no object alive. :meth:`Recipe.resolve`
+walks it again from the module, reading every object the way the audit does (no code of the
+program runs), and returns the tensors it reaches with their live paths. A path that starts at a
+frame's local or a closure is not remembered: frames come and go.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+from typing import Any
+
+import torch
+
+from .._heap.paths import Edge, Path, holder_key, is_a, module_dict, read, sequence_items
+
+__all__ = ["Recipe"]
+
+_WILD: Any = object()
+_DIGITS = re.compile(r"\d+")
+_NAMED_STEPS = ("attr", "slot", "class", "item")
+
+
+class Recipe:
+    """A holder's path by names: ``module``, then ``(kind, key)`` steps (``key`` may be a wildcard)."""
+
+    __slots__ = ("key", "module", "steps")
+
+    def __init__(self, key: str, module: str, steps: tuple[tuple[str, Any], ...]) -> None:
+        self.key, self.module, self.steps = key, module, steps
+
+    @classmethod
+    def of(cls, path: Path) -> Recipe | None:
+        """The recipe of ``path`` (root first, ending at a tensor), or ``None`` when it cannot be
+        walked again by names (a frame's local, a closure, a reference Python cannot name)."""
+        if not path or path[0].kind != "global":
+            return None
+        module = module_dict(path[0].owner).get("__name__")
+        if not isinstance(module, str) or sys.modules.get(module) is not path[0].owner:
+            return None
+        steps: list[tuple[str, Any]] = [("global", path[0].key)]
+        for edge in path[1:]:
+            if edge.kind not in _NAMED_STEPS:
+                return None
+            steps.append((edge.kind, _WILD if _wild(edge) else edge.key))
+        return cls(holder_key(path), module, tuple(steps))
+
+    def resolve(self) -> list[tuple[torch.Tensor, Path]]:
+        """Every graph tensor the recipe reaches now, with its live path whose holder key is the
+        recipe's; nothing when a step is gone."""
+        module = sys.modules.get(self.module)
+        if not is_a(module, types.ModuleType):
+            return []
+        found: list[tuple[torch.Tensor, Path]] = []
+        self._walk(module, 0, [], found)
+        return [(t, p) for t, p in found if holder_key(p) == self.key]
+
+    def _walk(self, owner: Any, i: int, edges: list[Edge], found: list[tuple[torch.Tensor, Path]]) -> None:
+        if i == len(self.steps):
+            if is_a(owner, torch.Tensor) and owner.grad_fn is not None:
+                found.append((owner, tuple(edges)))
+            return
+        kind, key = self.steps[i]
+        for edge in _edges(owner, kind, key):
+            try:
+                child = read(edge)
+            except (LookupError, AttributeError, IndexError, TypeError, ValueError):
+                continue
+            edges.append(edge)
+            self._walk(child, i + 1, edges, found)
+            edges.pop()
+
+
+def _wild(edge: Edge) -> bool:
+    """Whether the holder key spells this item's key as a wildcard (``[*]``, or ``['step*']``)."""
+    if edge.kind != "item":
+        return False
+    if type(edge.key) is int:
+        return True
+    return type(edge.key) is str and _DIGITS.search(edge.key) is not None
+
+
+def _edges(owner: Any, kind: str, key: Any) -> list[Edge]:
+    """The edges from ``owner`` that one step of a recipe stands for."""
+    if key is not _WILD:
+        return [Edge(owner, kind, key)]
+    if is_a(owner, dict):
+        return [Edge(owner, "item", k) for k in list(dict.keys(owner))]
+    try:
+        return [Edge(owner, "item", i) for i, _ in sequence_items(owner)]
+    except TypeError:  # no longer a sequence: the holder changed
+        return []
