@@ -88,6 +88,22 @@ def test_a_clean_run_with_a_figure_is_audited_by_the_backstop_alone() -> None:
     assert reader.readings == 2000
 
 
+def test_the_backstops_first_audit_keeps_a_clean_run_within_its_share() -> None:
+    """``gradguard bench --late-leak``, pp-last-stage on 2 CPU cores: 2000 clean steps of 64 ms, and the
+    backstop's one audit took 0.13 s where 0.05 s was assumed, 0.1% of the run instead of 0.05%
+    (the clean run's share was 0.229%). The first audit now waits until the share affords an audit
+    of the heap a training process has."""
+    reader = FakeReader()
+    schedule = Schedule("auto", TriggerSettings(), reader=lambda: reader)
+    reasons = run(schedule, 2000, step=0.064, cost=0.13)
+    assert schedule.spent <= BACKSTOP_SHARE * 2000 * 0.064
+    assert "time" not in reasons  # too short a run for the first audit
+    # a run long enough is audited, and stays within the share once the first cost is known
+    long_run = Schedule("auto", TriggerSettings(), reader=lambda: reader)
+    reasons = run(long_run, 40000, step=0.064, cost=0.13)
+    assert 1 <= reasons.count("time") and long_run.spent <= BACKSTOP_SHARE * 40000 * 0.064
+
+
 def test_a_leak_that_starts_late_is_audited_at_once_and_confirmed() -> None:
     reader = FakeReader()
     schedule = Schedule("auto", TriggerSettings(), reader=lambda: reader)

@@ -54,9 +54,12 @@ READ_SHARE = 0.0015
 """The most of the wall time the memory readings may take: a step long enough is read at every
 boundary; a reading that got expensive (a fragmented heap) is spread out instead of slowing steps."""
 
-FIRST_COST = 0.05
+FIRST_COST = 0.25
 """Seconds an audit is assumed to take before the thread timed one: the backstop's first audit waits
-until the budget affords that much."""
+until :data:`BACKSTOP_SHARE` of the wall time affords that much. It is set above what an audit of a
+training process's heap costs (``benchmarks/results/watch-cpu.md``), so that the first audit, whose
+cost is not known before it runs, does not take the backstop past its share; an audit of a heap
+larger than that can still overrun it once, and the next waits for the share to catch up."""
 
 Every = int | Literal["auto"]
 Reason = Literal["every", "first", "time", "memory"]
