@@ -11,9 +11,10 @@ on. What it can afford at every step is a look at the memory figure.
     At every boundary the thread reads the bytes in use per device (:mod:`gradguard._watch.allocated`:
     CUDA's allocated bytes, glibc's in-use bytes on CPU), as long as the readings take at most
     :data:`READ_SHARE` of the wall time, and audits when the memory trigger asks for it
-    (:mod:`gradguard._watch.trigger`: the figure rose past its low-water mark by more than a threshold at
-    two boundaries in a row, and the confirming audits after that): a leak that starts at any step
-    is audited within a couple of boundaries of its start and reported at the next. Once a leak was
+    (:mod:`gradguard._watch.trigger`: the figure rose past its low-water mark by more than a threshold in
+    two readings in a row, and the confirming audits after that): a leak that starts at any step
+    is audited within a couple of boundaries of its start (more where the readings are spread out)
+    and reported at the next. Once a leak was
     found, the trigger's audits are held within :data:`TRIGGER_SHARE` of the wall time (a leak that
     ``detach`` releases and the program makes again is then audited as often as that affords). Behind it, a
     backstop on time: a boundary is also audited when the audits so far, plus one more as long as
