@@ -23,26 +23,17 @@ alive unless a backward freed it.
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Hashable
 from typing import Any, NamedTuple
 
 from torch.autograd.function import BackwardCFunction
 
+from .nodes import saved_names
+
 __all__ = ["GraphState", "Liveness", "dead_node"]
 
 
 _MAX_NESTING = 64  # held graphs inside held graphs (``totals.append(total)`` of running sums) judged recursively
-
-_saved_names: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
-
-
-def _names(cls: type, node: Any) -> tuple[str, ...]:
-    names = _saved_names.get(cls)
-    if names is None:
-        names = tuple(n for n in dir(node) if n.startswith("_raw_saved_"))
-        _saved_names[cls] = names
-    return names
 
 
 def _hooked(value: Any) -> bool:
@@ -73,7 +64,7 @@ def dead_node(node: Any) -> bool:
         except RuntimeError:
             return True
         return not _hooked(saved) and _refused(lambda: node.saved_tensors)
-    for name in _names(type(node), node):
+    for name in saved_names(node):
         try:
             raw = getattr(node, name)
         except RuntimeError:

@@ -9,7 +9,6 @@ exactly as they were.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
 
@@ -21,6 +20,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from .._tree.walk import iter_tensors
 from .nodes import is_parameter as _is_parameter
 from .nodes import nodes as _nodes
+from .nodes import saved_names
 
 __all__ = ["graph_memory", "pinned_bytes", "released_bytes"]
 
@@ -161,17 +161,9 @@ def _storage(t: torch.Tensor) -> tuple[Hashable, int] | None:
     return ((t.device, ptr), storage.nbytes()) if ptr else None
 
 
-_saved_names: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
-
-
 def _saved_data(node: Any) -> Iterator[Any]:
     """What the node's saved tensors hold, read without unpacking; nothing on old torch builds."""
-    cls = type(node)
-    names = _saved_names.get(cls)
-    if names is None:
-        names = tuple(n for n in dir(node) if n.startswith("_raw_saved_"))
-        _saved_names[cls] = names
-    for name in names:
+    for name in saved_names(node):
         try:
             value = getattr(node, name)
         except RuntimeError:

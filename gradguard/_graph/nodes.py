@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["is_parameter", "nodes"]
+__all__ = ["is_parameter", "nodes", "saved_names"]
 
 
 def nodes(roots: Iterable[Any]) -> Iterator[Any]:
@@ -27,3 +28,15 @@ def nodes(roots: Iterable[Any]) -> Iterator[Any]:
 def is_parameter(t: torch.Tensor) -> bool:
     """A parameter or a view of one (``addmm`` saves ``weight.t()``): memory that outlives records."""
     return isinstance(t, nn.Parameter) or isinstance(getattr(t, "_base", None), nn.Parameter)
+
+
+_saved_names: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
+def saved_names(node: Any) -> tuple[str, ...]:
+    """The names of ``node``'s raw saved-tensor accessors (``_raw_saved_*``), cached per node type."""
+    cls = type(node)
+    names = _saved_names.get(cls)
+    if names is None:
+        names = _saved_names[cls] = tuple(n for n in dir(node) if n.startswith("_raw_saved_"))
+    return names
