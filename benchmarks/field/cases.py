@@ -1,9 +1,10 @@
 """The released leaks, each with the release that fixed it: what to install, which driver runs it.
 
-A driver (``drivers/<key>.py``) is one training script that uses the library's public API the way its
-documentation shows, on a tiny random model and random data on CPU; the same script runs on the
-leaky release and on the fixed one (where the fixed release removed the API that leaked, the driver
-asks ``RELEASE_API`` and takes the documented replacement, said in ``fixed_by``).
+A driver (``drivers/run_<key>.py``, the key's dashes as underscores) is one training script that uses
+the library's public API the way its documentation shows, on a tiny random model and random data on
+CPU; the same script runs on the leaky release and on the fixed one (where the fixed release removed
+the API that leaked, the driver takes the documented replacement on that release, as ``fixed_by``
+says).
 """
 
 from __future__ import annotations
@@ -130,6 +131,17 @@ CASES: tuple[Case, ...] = (
         fixed_by="`training_epoch_end` removed (the documented replacement is `on_train_epoch_end`); the loop "
         "keeps no outputs",
         expect="_outputs",
+    ),
+    Case(
+        key="ppe-reporting",
+        library="pytorch-pfn-extras",
+        leaky=Release("pytorch-pfn-extras-0.2.1", ("pytorch-pfn-extras==0.2.1", _NUMPY)),
+        fixed=Release("pytorch-pfn-extras-0.4.0", ("pytorch-pfn-extras==0.4.0", _NUMPY)),
+        holder="`reporting.report` copies a reported tensor with `clone()`, graph included, and `LogReport`'s summary "
+        "sums the copies until its trigger fires (an epoch by default)",
+        fixed_by="reported tensors are copied with `detach()` (since 0.3.0; the 0.3 releases import `torch._six`, "
+        "which torch 2.13 no longer has, so 0.4.0, the first later release that imports, is measured)",
+        expect="_summary",
     ),
 )
 

@@ -35,7 +35,9 @@ __all__ = ["DRIVERS", "Run", "growth_per_step", "run_release", "run_way"]
 DRIVERS = Path(__file__).resolve().parent / "drivers"
 WAYS = ("plain", "raise", "detach", "warn", "every1")
 _ANNOUNCED = re.compile(r"gradguard run: each process's report goes to (\S+)")
-_ERROR = re.compile(r"^gradguard\.GraphRetentionError: (.*(?:\n  .*)*)", re.MULTILINE)  # its indented lines too
+_RANK = r"(?:\[rank\d+\]: )?"  # torch.distributed prefixes a rank's uncaught traceback with this
+_ERROR = re.compile(rf"^{_RANK}gradguard\.GraphRetentionError: (.*(?:\n{_RANK}  .*)*)", re.MULTILINE)
+_RANK_PREFIX = re.compile(rf"^{_RANK}", re.MULTILINE)
 _WARNING = re.compile(r"GraphRetentionWarning: (.*)$", re.MULTILINE)
 _TAIL = 4000  # characters of each run's stderr kept in the results
 
@@ -134,7 +136,7 @@ def run_way(
     if announced:
         run.reports = _reports(Path(announced.group(1)))
     error = _ERROR.search(stderr)
-    run.error = error.group(1) if error else None
+    run.error = _RANK_PREFIX.sub("", error.group(1)) if error else None
     run.warnings = sorted(set(_WARNING.findall(stderr)))
     return run
 

@@ -10,6 +10,7 @@ from .cases import Case
 __all__ = ["markdown", "verdict"]
 
 KiB = 1024
+_REFUSED = re.compile(r"reached store (.+?) from ")
 _SITE = re.compile(r"\S*/site-packages/")  # where the environment put a file: the same in every row
 
 
@@ -70,6 +71,8 @@ def _size(n: float | None) -> str:
 
 def _verdict_cell(v: dict[str, Any], leaky: bool) -> str:
     checked = f"{v['audits']} of {v['boundaries']} boundaries audited" if v["audits"] is not None else "no report"
+    if v["holder"] and v["holder"].startswith("(refused)") and not v["audits"]:
+        checked = "a guarded store refused it"
     if leaky:
         if v["reported"]:
             mark = "✓" if v["right_holder"] else "✗ (another holder)"
@@ -84,7 +87,8 @@ def _where(v: dict[str, Any]) -> str:
     if v["found_at"] is not None:
         return f"boundary {v['found_at']}"
     if v["holder"] and v["holder"].startswith("(refused)"):
-        return f"at its store, after {v['steps_before_exit']} optimizer steps"
+        steps = v["steps_before_exit"]
+        return "at its store, before the first optimizer step" if steps == 0 else f"at its store, after {steps} steps"
     return "–"
 
 
@@ -101,7 +105,11 @@ def _holder_cell(v: dict[str, Any]) -> str:
     holder = v["holder"]
     if not holder:
         return "–"
-    holder = _SITE.sub("", holder)
+    refused = _REFUSED.search(holder)
+    if holder.startswith("(refused)") and refused:  # the store, and the paths of what reached it
+        paths = [line.split()[0] for line in holder.splitlines()[1:] if line.strip().startswith("[")]
+        holder = f"store {refused.group(1)}: {', '.join(paths)} (refused)"
+    holder = _SITE.sub("", holder.splitlines()[0])
     holder = holder if len(holder) <= 160 else holder[:157] + "..."
     return "`" + holder.replace("`", "'").replace("|", "\\|") + "`"
 
@@ -169,6 +177,7 @@ def markdown(doc: dict[str, Any]) -> str:
         for side in ("leaky", "fixed"):
             strict = result[side]["runs"]["raise"]
             said = strict["error"] or strict["watch_line"] or "(no summary line)"
+            said = " / ".join(line.strip() for line in _SITE.sub("", said).splitlines())
             said = said if len(said) <= 600 else said[:597] + "..."
             lines.append(f"  - {result[side]['release']}: {said}")
             hunt = result[side]["verdict"].get("every1")
