@@ -44,7 +44,8 @@ __all__ = ["main", "measure"]
 
 def snapshot(at: str, folder: Path) -> tuple[Path | None, str]:
     """``gradguard/`` as committed at ``at``, unpacked under ``folder`` (``None`` for the working tree),
-    and the commit's full hash (with ``+worktree`` for the working tree).
+    and what was measured: the commit, and the last commit that changed ``gradguard/`` before it
+    (``+worktree`` for the working tree).
 
     Raises:
         RuntimeError: ``at`` names no commit of the repository.
@@ -54,15 +55,15 @@ def snapshot(at: str, folder: Path) -> tuple[Path | None, str]:
         return subprocess.run(["git", "-C", str(envs.REPO), *args], capture_output=True)
 
     if at == "WORKTREE":
-        return None, git("rev-parse", "HEAD").stdout.decode().strip() + "+worktree"
-    commit = git("rev-parse", "--verify", f"{at}^{{commit}}")
-    if commit.returncode:
-        raise RuntimeError(
-            f"--at {at!r} names no commit here ({commit.stderr.decode().strip()}); give a commit or WORKTREE"
-        )
-    archive = git("archive", commit.stdout.decode().strip(), "gradguard")
+        return None, git("rev-parse", "--short=12", "HEAD").stdout.decode().strip() + "+worktree"
+    found = git("rev-parse", "--verify", f"{at}^{{commit}}")
+    if found.returncode:
+        raise RuntimeError(f"--at {at!r} names no commit here ({found.stderr.decode().strip()}); give one or WORKTREE")
+    commit = found.stdout.decode().strip()
+    archive = git("archive", commit, "gradguard")
     subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
-    return folder, commit.stdout.decode().strip()
+    changed = git("log", "-1", "--format=%h", commit, "--", "gradguard").stdout.decode().strip()
+    return folder, f"{commit[:12]} (gradguard/ last changed in {changed})"
 
 
 def measure(case: Case, steps: int | None, timeout: float, source: Path | None = None) -> dict[str, Any]:

@@ -126,7 +126,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"Machine: {doc['machine_line']}",
         "",
         f"`{doc['settings']['command']}` ({doc['settings']['elapsed_s']} s), gradguard at "
-        f"{doc['settings']['gradguard_commit'][:12]}",
+        f"{doc['settings']['gradguard_commit']}",
         "",
         "Each release in its own virtual environment (torch 2.13.0 CPU shared), its driver (a tiny random model, "
         "random data, the library's documented API) run four ways: plain; `gradguard run --mode raise driver.py` with "
