@@ -1,21 +1,29 @@
 """Helpers the test files share: records that carry a graph, the caller's line, a child's environment,
-and ``require_engine``: it imports an engine for an integration test; a missing engine skips the test
-locally and fails it when ``GRADGUARD_REQUIRE_ENGINES=1`` (CI), so CI cannot go green by skipping."""
+``require_engine``: it imports an engine for an integration test; a missing engine skips the test
+locally and fails it when ``GRADGUARD_REQUIRE_ENGINES=1`` (CI), so CI cannot go green by skipping;
+and ``once_per_run``: an expensive result (a subprocess's, a spawned world's) that the tests of a
+module share, computed once per run even when pytest-xdist spreads those tests over its workers."""
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import shutil
 import sys
 import warnings
+from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
+from filelock import FileLock
 
 __all__ = [
     "assert_detached_from",
+    "once_per_run",
     "require_engine",
     "clean",
     "env",
@@ -114,18 +122,21 @@ def require_gloo() -> Any:
 
 
 def run_ranks(worker: Any, nprocs: int, outdir: str, timeout_s: float) -> None:
-    """``worker(rank, port, outdir)`` in ``nprocs`` spawned processes on a free loopback port, joined
-    within ``timeout_s`` (a rank's exception is re-raised with its traceback; past the time the ranks
-    are terminated and the test fails)."""
-    import socket
+    """``worker(rank, init_method, outdir)`` in ``nprocs`` spawned processes, joined within ``timeout_s`` (a
+    rank's exception is re-raised with its traceback; past the time the ranks are terminated and the
+    test fails).
+
+    ``init_method`` is a ``file://`` URL for ``torch.distributed.init_process_group``: the ranks meet
+    through a file in ``outdir``, not on a port that another test (or another xdist worker) might take
+    between being found free and being bound.
+    """
     import time
 
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.spawn(worker, args=(port, outdir), nprocs=nprocs, join=False)
+    store = Path(outdir) / "rendezvous"
+    assert not store.exists(), f"{store} is left from an earlier run: a file store must start empty"
+    ctx = mp.spawn(worker, args=(store.as_uri(), outdir), nprocs=nprocs, join=False)
     deadline = time.monotonic() + timeout_s
     while not ctx.join(timeout=1):  # raises ProcessRaisedException with the rank's traceback
         if time.monotonic() > deadline:
@@ -133,3 +144,34 @@ def run_ranks(worker: Any, nprocs: int, outdir: str, timeout_s: float) -> None:
                 if p.is_alive():
                     p.terminate()
             pytest.fail(f"the {nprocs}-rank run did not finish in {timeout_s} s")
+
+
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, compute: Callable[[Path], Any]) -> Any:
+    """``compute(folder)``'s result, computed once per test run and read back by every process that asks.
+
+    For the module-scoped fixtures whose result is data: under pytest-xdist each worker that runs one
+    of the module's tests sets the fixture up, and the first one computes while the others wait on a
+    file lock, then read the result. ``folder`` is a fresh folder that every worker of the run can read
+    (for files the result names); the result must be JSON. If ``compute`` raises, nothing is kept and
+    the next process to ask computes again (and fails the same way).
+
+    Args:
+        tmp_path_factory: pytest's factory, whose base folder is per worker under a folder per run.
+        name: the result's name, unique in the suite (a file name).
+        compute: makes the result; called at most once per run unless it raises.
+
+    Returns:
+        What ``compute`` returned, as JSON gives it back (tuples become lists).
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above the workers' own
+    result = root / f"{name}.json"
+    with FileLock(root / f"{name}.lock"):
+        if not result.is_file():
+            folder = root / name
+            if folder.exists():  # what an attempt that raised left
+                shutil.rmtree(folder)
+            folder.mkdir()
+            result.write_text(json.dumps(compute(folder)), encoding="utf-8")
+        return json.loads(result.read_text(encoding="utf-8"))

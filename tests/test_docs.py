@@ -39,8 +39,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
+from _helpers import once_per_run
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -146,17 +148,6 @@ def matches(expected: str, actual: str) -> str | None:
 # ----------------------------------------------------------------------------------------------------
 
 SUMMARY: dict[str, list[str]] = {"python": [], "commands": [], "files": [], "excluded": []}
-
-
-def summary_lines() -> list[str]:
-    if not any(SUMMARY.values()):
-        return []
-    lines = [
-        f"docs examples: {len(SUMMARY['python'])} python blocks run, {len(SUMMARY['commands'])} shell commands run, "
-        f"{len(SUMMARY['files'])} blocks written as files for them, {len(SUMMARY['excluded'])} blocks excluded:"
-    ]
-    lines += [f"  excluded {entry}" for entry in SUMMARY["excluded"]]
-    return lines
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -280,9 +271,21 @@ class Pages:
 
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory: pytest.TempPathFactory) -> Pages:
-    root = tmp_path_factory.mktemp("docs")
+    """The Python blocks of every page, run once per test run (under xdist, for every worker)."""
+    ran = once_per_run(tmp_path_factory, "docs-pages", _run_python_blocks)
+    scratch = {page: Path(ran["scratch"][_page_id(page)]) for page in RUNNABLE}
+    return Pages(scratch, _env(), ran["results"], ran["failure"])
+
+
+def _run_python_blocks(root: Path) -> dict[str, Any]:
+    """Each page's scratch folder under ``root``, its files written; every page's Python blocks run in
+    one interpreter; ``{"scratch", "results", "failure"}`` as JSON."""
     scratch = {page: _write_files(page, root / f"page{i}") for i, page in enumerate(RUNNABLE)}
-    state = Pages(scratch, _env())
+    ran: dict[str, Any] = {
+        "scratch": {_page_id(p): str(d) for p, d in scratch.items()},
+        "results": None,
+        "failure": None,
+    }
     payload = [
         {
             "page": _page_id(page),
@@ -307,18 +310,18 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> Pages:
             capture_output=True,
             text=True,
             cwd=root,
-            env=state.env,
+            env=_env(),
             timeout=RUNNER_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired as exc:
         started = re.findall(r"^docs block (\S+)", (exc.stderr or b"").decode(errors="replace"), re.M)
-        state.failure = f"the Python blocks timed out after {RUNNER_TIMEOUT_S} s, in the block at {started[-1:]}"
-        return state
+        ran["failure"] = f"the Python blocks timed out after {RUNNER_TIMEOUT_S} s, in the block at {started[-1:]}"
+        return ran
     if proc.returncode != 0 or not proc.stdout.strip():
-        state.failure = f"the runner of the Python blocks exited {proc.returncode}\n{proc.stderr[-4000:]}"
-        return state
-    state.results = json.loads(proc.stdout.strip().splitlines()[-1])
-    return state
+        ran["failure"] = f"the runner of the Python blocks exited {proc.returncode}\n{proc.stderr[-4000:]}"
+        return ran
+    ran["results"] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return ran
 
 
 @pytest.mark.parametrize("page", RUNNABLE, ids=_page_id)

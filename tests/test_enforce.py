@@ -212,12 +212,12 @@ def test_get_mode_is_context_local_across_threads() -> None:
         with gradguard.enforce(mode="raise", engines="none"):
             inside.append(gradguard.get_mode())
             entered.set()
-            release.wait(10)
+            release.wait(120)
 
     thread = threading.Thread(target=worker)
     thread.start()
     try:
-        assert entered.wait(10)
+        assert entered.wait(120)
         assert gradguard.get_mode() == "detach"  # the other thread's enforce does not leak here
         with gradguard.enforce(mode="off", engines="none"):
             assert gradguard.get_mode() == "off"
@@ -484,7 +484,7 @@ def test_many_threads_entering_and_leaving_at_once(sched: ModuleType) -> None:
     def worker(k: int) -> None:
         try:
             mode = modes[k % len(modes)]
-            barrier.wait(10)
+            barrier.wait(120)
             for i in range(n_enters):
                 with gradguard.enforce(mode=mode, engines="auto", stores={target: "store"}):
                     assert gradguard.get_mode() == mode

@@ -8,7 +8,6 @@ cannot, it says so and never raises. ``pinned_bytes`` counts a ``DTensor`` by it
 
 from __future__ import annotations
 
-import socket
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -30,12 +29,6 @@ from torch.distributed.fsdp import fully_shard  # noqa: E402
 from torch.distributed.tensor import DTensor, Shard  # noqa: E402
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def mesh() -> Iterator[DeviceMesh]:
     """A one-process gloo group for this module; a process can hold one, so it is destroyed after."""
@@ -44,7 +37,7 @@ def mesh() -> Iterator[DeviceMesh]:
             pytest.skip("a multi-process group is already initialized in this process")
         yield init_device_mesh("cpu", (1,))
         return
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # in-process: no port
     try:
         yield init_device_mesh("cpu", (1,))
     finally:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import warnings
+from pathlib import Path
 from typing import Any
 
 import _helpers
@@ -561,7 +562,12 @@ def _env(value: str | None) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def fresh_interpreters() -> dict[Any, dict[str, Any]]:
+def fresh_interpreters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Each interpreter's answer, keyed by ``repr`` of its GRADGUARD value (computed once per run)."""
+    return _helpers.once_per_run(tmp_path_factory, "fresh-interpreters", _ask_fresh_interpreters)
+
+
+def _ask_fresh_interpreters(folder: Path) -> dict[str, dict[str, Any]]:
     """Start every interpreter at once, then collect their answers."""
     procs: dict[Any, subprocess.Popen[str]] = {}
     for value in [*_DIRECT, _BAD]:
@@ -573,26 +579,26 @@ def fresh_interpreters() -> dict[Any, dict[str, Any]]:
         )
     results = {}
     for key, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=120)
+        stdout, stderr = proc.communicate(timeout=300)
         assert proc.returncode == 0, f"GRADGUARD={key!r}: exit {proc.returncode}\n{stderr}"
-        results[key] = json.loads(stdout.strip().splitlines()[-1])
+        results[repr(key)] = json.loads(stdout.strip().splitlines()[-1])
     return results
 
 
 @pytest.mark.parametrize("value", list(_DIRECT), ids=[repr(v) for v in _DIRECT])
-def test_env_var_in_a_subprocess(fresh_interpreters: dict[Any, dict[str, Any]], value: str | None) -> None:
-    result = dict(fresh_interpreters[value])
+def test_env_var_in_a_subprocess(fresh_interpreters: dict[str, dict[str, Any]], value: str | None) -> None:
+    result = dict(fresh_interpreters[repr(value)])
     result.pop("forked", None)
     assert result == {"imported": True, "mode": _DIRECT[value]}
 
 
 @pytest.mark.skipif(not _CAN_FORK, reason="needs os.fork")
-def test_every_env_alias_case_insensitively(fresh_interpreters: dict[Any, dict[str, Any]]) -> None:
-    assert fresh_interpreters[None]["forked"] == _ALIASES
+def test_every_env_alias_case_insensitively(fresh_interpreters: dict[str, dict[str, Any]]) -> None:
+    assert fresh_interpreters[repr(None)]["forked"] == _ALIASES
 
 
-def test_bad_env_var_in_a_subprocess(fresh_interpreters: dict[Any, dict[str, Any]]) -> None:
-    result = fresh_interpreters[_BAD]
+def test_bad_env_var_in_a_subprocess(fresh_interpreters: dict[str, dict[str, Any]]) -> None:
+    result = fresh_interpreters[repr(_BAD)]
     assert result["imported"] is True and "mode" not in result
     for message in (result["error"], result["append_error"]):  # at first use, and again after
         assert "GRADGUARD" in message and repr(_BAD) in message

@@ -391,7 +391,8 @@ def test_an_append_with_no_python_caller_stores_the_record() -> None:
         _thread.start_new_thread(store.append, ({"g": x * 2},))
 
     appended_from_c()
-    for _ in range(200):
+    deadline = time.monotonic() + 120  # the thread's start waits for a core on a loaded machine
+    while time.monotonic() < deadline:
         if len(store) == 1:
             done.set()
             break

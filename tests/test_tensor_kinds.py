@@ -4,7 +4,6 @@ modelled on Transformer Engine's Float8Tensor, and DTensor."""
 from __future__ import annotations
 
 import dataclasses
-import socket
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -212,12 +211,6 @@ def test_quantized_leaf_requiring_grad_is_kept(fp8: tuple[torch.Tensor, FakeFloa
 # --------------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def mesh() -> Iterator[Any]:
     dist = pytest.importorskip("torch.distributed", reason="torch built without torch.distributed")
@@ -230,7 +223,7 @@ def mesh() -> Iterator[Any]:
             pytest.skip("a multi-process group is already initialized in this process")
         yield init_device_mesh("cpu", (1,))
         return
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # in-process: no port
     try:
         yield init_device_mesh("cpu", (1,))
     finally:

@@ -43,7 +43,7 @@ from typing import Any
 
 import pytest
 import torch
-from _helpers import require_engine, require_gloo, run_ranks
+from _helpers import once_per_run, require_engine, require_gloo, run_ranks
 
 import gradguard
 
@@ -53,7 +53,7 @@ STEPS = 3
 MICRO_BATCHES = 2
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 STACK_PACKAGES = ("megatron", "transformers", "peft", "torch", "_example_")  # never ignored
-SPAWN_TIMEOUT_S = 120
+SPAWN_TIMEOUT_S = 300  # spawned ranks import torch and the engine: slow on a loaded machine
 
 Raised = list[tuple[int, list[str]]]  # (boundary, holders) of each GraphRetentionError
 
@@ -260,15 +260,16 @@ def _pipelining_loop(ex: ModuleType, rank: int, guarded: bool) -> dict[str, Any]
     }
 
 
-def _pipelining_rank(rank: int, port: int, outdir: str) -> None:
+def _pipelining_rank(rank: int, init_method: str, outdir: str) -> None:
     """One rank (a spawned process): the guarded loop, then the unguarded one; results to ``outdir``."""
     import torch.distributed as dist
 
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     os.environ.pop("GRADGUARD", None)
     os.environ.pop("GRADGUARD_AUDIT", None)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=init_method, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=SPAWN_TIMEOUT_S)
+    )
     try:
         ex = example("pipelining_two_ranks")
         results = {}
@@ -284,7 +285,10 @@ def _pipelining_rank(rank: int, port: int, outdir: str) -> None:
 def pipelining(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     require_engine("torch.distributed.pipelining")
     require_gloo()
-    outdir = tmp_path_factory.mktemp("clean_pipelining")
+    return once_per_run(tmp_path_factory, "clean-pipelining-ranks", _spawn_pipelining)
+
+
+def _spawn_pipelining(outdir: Path) -> list[dict[str, Any]]:
     run_ranks(_pipelining_rank, 2, str(outdir), SPAWN_TIMEOUT_S)
     return [json.loads((outdir / f"rank{r}.json").read_text()) for r in range(2)]
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import datetime
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from _helpers import require_engine, require_gloo, run_ranks
+from _helpers import once_per_run, require_engine, require_gloo, run_ranks
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +29,7 @@ WORLD = 2
 SCHEDULES = ("1F1B", "GPipe")
 CASES = [(s, view) for s in SCHEDULES for view in (True, False)]  # (schedule, last stage returns a view)
 VARIANTS = ("plain", "guard", "raise", "off")  # plain = no enforce at all
-SPAWN_TIMEOUT_S = 120
+SPAWN_TIMEOUT_S = 300  # spawned ranks import torch and the engine: slow on a loaded machine
 
 
 # --------------------------------------------------------------------------------------------------
@@ -155,14 +156,18 @@ def _run_variant(rank: int, sched_name: str, view_output: bool, variant: str) ->
     return rec
 
 
-def _worker(rank: int, port: int, outdir: str) -> None:
+def _worker(rank: int, init_method: str, outdir: str) -> None:
     import torch.distributed as dist
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     os.environ.pop("GRADGUARD", None)  # the default mode (detach) must rule the "guard" variant
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=init_method,
+        rank=rank,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=SPAWN_TIMEOUT_S),
+    )
     try:
         results = {
             f"{s}/{'view' if v else 'contig'}/{variant}": _run_variant(rank, s, v, variant)
@@ -183,9 +188,13 @@ def _worker(rank: int, port: int, outdir: str) -> None:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, dict[str, Any]]]:
     require_engine("torch.distributed.pipelining")
     require_gloo()
-    outdir = tmp_path_factory.mktemp("pipelining")
-    run_ranks(_worker, WORLD, str(outdir), SPAWN_TIMEOUT_S)
+    outdir = Path(once_per_run(tmp_path_factory, "pipelining-ranks", _spawn))
     return [torch.load(outdir / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+
+
+def _spawn(outdir: Path) -> str:
+    run_ranks(_worker, WORLD, str(outdir), SPAWN_TIMEOUT_S)
+    return str(outdir)
 
 
 def _key(sched_name: str, view: bool, variant: str) -> str:
