@@ -24,6 +24,7 @@ from filelock import FileLock
 __all__ = [
     "assert_detached_from",
     "once_per_run",
+    "previous_test",
     "require_engine",
     "clean",
     "env",
@@ -175,3 +176,15 @@ def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, compute: C
             folder.mkdir()
             result.write_text(json.dumps(compute(folder)), encoding="utf-8")
         return json.loads(result.read_text(encoding="utf-8"))
+
+
+_started: list[str] = []  # the node ids of the tests this process started, in order (tests/conftest.py adds them)
+
+
+def previous_test() -> str | None:
+    """The node id of the test this process ran before the current one, if any.
+
+    Under pytest-xdist that is not the test collected before it: a worker runs a share of the tests,
+    and takes more from another worker's queue when it runs out.
+    """
+    return _started[-2] if len(_started) >= 2 else None

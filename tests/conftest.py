@@ -16,6 +16,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import _helpers
 import pytest
 
 import gradguard
@@ -83,6 +84,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     the tests of the watch audit a small heap.
     """
     items.sort(key=_is_integration)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _helpers._started.append(item.nodeid)  # for _helpers.previous_test()
 
 
 def _is_integration(item: pytest.Item) -> bool:

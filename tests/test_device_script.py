@@ -10,7 +10,6 @@ wheels into a fresh Python 3.12 virtual environment (the device image's Python),
 from __future__ import annotations
 
 import ast
-import functools
 import glob
 import hashlib
 import json
@@ -23,7 +22,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from _helpers import once_per_run, require_engine
+from _helpers import require_engine
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_SH = REPO / "benchmarks" / "device" / "run.sh"
@@ -51,18 +50,19 @@ def _missing(what: str) -> None:
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The carried wheels: .whl/ when it checks out (.ci/run fetches it); else megatron-core's wheel
-    from there and gradguard's built from this tree (once per run, from a copy: building in the tree
-    leaves build/)."""
+    from there and gradguard's built from this tree (from a copy: building in the tree leaves build/).
+    Built again each time the module's tests start in a process: run.sh refuses a wheel that no longer
+    matches the tree, and the tree may change during a long run."""
     carried = REPO / ".whl"
     if all(ok for ok, _ in check_wheels.check(carried)):
         return carried
     found = sorted(carried.glob("megatron_core-*.whl"))
     if not found:
         _missing("no megatron-core wheel in .whl/: run benchmarks/device/fetch_wheels.sh")
-    return Path(once_per_run(tmp_path_factory, "device-wheels", functools.partial(_build_wheels, found[-1])))
+    return _build_wheels(found[-1], tmp_path_factory.mktemp("wheels"))
 
 
-def _build_wheels(megatron: Path, folder: Path) -> str:
+def _build_wheels(megatron: Path, folder: Path) -> Path:
     out, src = folder / "whl", folder / "src"
     out.mkdir()
     shutil.copy(megatron, out)
@@ -77,7 +77,7 @@ def _build_wheels(megatron: Path, folder: Path) -> str:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [f"{hashlib.sha256(w.read_bytes()).hexdigest()}  {w.name}" for w in sorted(out.glob("*.whl"))]
     (out / "SHA256SUMS").write_text("\n".join(lines) + "\n")
-    return str(out)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
