@@ -375,8 +375,25 @@ SMALL = ["bench", "--scenario", "lora-checkpoint", "--micro-batches", "3", "--no
         (["--threads", "two"], "argument --threads: 'two' is not a whole number"),
         (["--json", "/nonexistent/dir/out.json"], "argument --json: '/nonexistent/dir/out.json': the folder"),
         (["--plot", "/nonexistent/dir/out.png"], "argument --plot: '/nonexistent/dir/out.png': the folder"),
+        (["--json", ""], "argument --json: '' (an empty value) is not accepted; give a file path"),
+        (["--plot", " "], "argument --plot: ' ' (an empty value) is not accepted; give a file path"),
+        (["--memory-cap", "lots"], "argument --memory-cap: invalid float value: 'lots'"),
+        (["--micro-batches", "many"], "argument --micro-batches: 'many' is not a whole number"),
+        (["--leak-start", "0"], "argument --leak-start: 0 is not accepted; accepted: a whole number >= 1"),
+        (["--device", ""], "argument --device: invalid choice: ''"),
     ],
-    ids=["negative-threads", "word-threads", "json-folder", "plot-folder"],
+    ids=[
+        "negative-threads",
+        "word-threads",
+        "json-folder",
+        "plot-folder",
+        "json-empty",
+        "plot-blank",
+        "cap-word",
+        "micro-batches-word",
+        "leak-start-zero",
+        "device-empty",
+    ],
 )
 def test_bad_bench_options_are_refused_before_running(
     extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
@@ -386,6 +403,14 @@ def test_bad_bench_options_are_refused_before_running(
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_cap_that_is_not_a_finite_number_refuses(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    assert main(["bench", "--device", "cpu", "--memory-cap", value, "--no-progress"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert captured.err.strip() == f"gradguard bench: --memory-cap must be a positive number of GiB, got {value}"
 
 
 def test_a_bad_gradguard_variable_is_a_one_line_refusal_of_bench() -> None:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 from . import _actor
 
-__all__ = ["HOST", "Identity", "identify"]
+__all__ = ["HOST", "Identity", "identify", "started"]
 
 _SOURCES = (
     ("RANK", "WORLD_SIZE", "LOCAL_RANK"),
@@ -105,3 +105,15 @@ def identify(environ: Mapping[str, str] | None = None) -> Identity:
     if group is not None:
         rank, world, source = group[0], group[1], "torch.distributed"
     return Identity(os.getpid(), HOST, rank, world, local, source, _actor.current_class())
+
+
+def started(pid: int | str = "self") -> int | None:
+    """When the process ``pid`` started, in clock ticks since boot (Linux ``/proc/PID/stat``); ``None``
+    where unknown. ``exec`` keeps it, as it keeps the pid: together they name one process across the
+    programs it runs, which a pid alone does not (pids are reused)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[19])  # field 22, counted after the command name's closing parenthesis
+    except (OSError, IndexError, ValueError):
+        return None

@@ -13,7 +13,8 @@
 
 A forked child inherits all of it, already set up; at the fork it takes a report file of its own and
 counts from the fork on, and it writes only once it has a boundary of its own (a DataLoader worker
-never does). A problem here is said on stderr and in the report, never raised into the program.
+never does); a multiprocessing fork child, which ends with ``os._exit``, writes at its end through
+multiprocessing's own finalizers. A problem here is said on stderr and in the report, never raised into the program.
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ from .._errors import GradGuardError
 from .._policy.modes import get_mode
 from .._policy.site import set_origin
 from .._policy.stats import SiteStats, stats
+from .._scope.compile import skip_in_dynamo
 from .._scope.enforce import enforce
-from .._watch.watcher import HolderHistory, Watcher, stop_process_watch, watch
+from .._watch.scope import stop_process_watch, watch
+from .._watch.watcher import HolderHistory, Watcher
 from . import _actor
-from ._identity import HOST, Identity, identify
-from ._report import Baseline, content, file_name, write
+from ._identity import HOST, identify, started
+from ._names import file_name
+from ._report import Baseline, content, write
 from ._settings import Settings
 
 __all__ = ["setup", "retire"]
@@ -62,7 +66,7 @@ class _Process:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.lock = threading.Lock()
-        self.errors: list[str] = [settings.error] if settings.error else []
+        self.errors: list[str] = list(settings.errors)
         self.watcher: Watcher | None = None
         self.scopes: list[enforce] = []
         self.base = Baseline()
@@ -71,9 +75,11 @@ class _Process:
         self.at_exit = False
         self.said: set[str] = set()
         self.last: tuple[list[HolderHistory], dict[tuple[str, str], SiteStats]] = ([], {})  # the last report's
-        self.path = os.path.join(settings.report_dir, file_name(identify()))
+        self.started = started()
+        self.path = os.path.join(settings.report_dir, file_name(settings.run, HOST, os.getpid()))
 
     def start(self) -> None:
+        skip_in_dynamo()  # as `import gradguard` does once the program uses it: compiled code calls gradguard eagerly
         stop_process_watch()
         try:
             self._enter(enforce(audit=0))
@@ -127,6 +133,8 @@ class _Process:
             self.last = (history, counted)
             report = content(
                 identify(),
+                run=self.settings.run,
+                started=self.started,
                 top=self.top(),
                 every=self.settings.every,
                 mode=mode,
@@ -176,7 +184,17 @@ class _Process:
         self.forked = True
         self.at_exit = False
         self.base = Baseline.of(self.watcher, *self.last)
-        self.path = os.path.join(self.settings.report_dir, file_name(Identity(os.getpid(), HOST)))
+        self.started = started()
+        self.path = os.path.join(self.settings.report_dir, file_name(self.settings.run, HOST, os.getpid()))
+        util = sys.modules.get("multiprocessing.util")
+        if util is not None:
+            # multiprocessing's fork children end with os._exit, after its finalizers, never atexit's: one that
+            # writes at the end too, not only at the last audit (registered once multiprocessing has cleared
+            # the finalizers the child inherited)
+            util.register_after_fork(self, _Process._write_at_the_end)
+
+    def _write_at_the_end(self) -> None:
+        sys.modules["multiprocessing.util"].Finalize(None, self._exiting, exitpriority=0)
 
     def retire(self) -> None:
         with self.lock:

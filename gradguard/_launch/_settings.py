@@ -7,80 +7,174 @@ variable                   meaning
 ``PYTHONPATH``             :data:`BOOTSTRAP` first: every Python process runs its ``sitecustomize``
 ``GRADGUARD_REPORT_DIR``   the run folder; each process writes one report there. Set and non-empty,
                            it arms the bootstrap; unset, the bootstrap does nothing
+``GRADGUARD_RUN_ID``       the run: each report carries it, in its name and its content, and a run
+                           reads only its own reports (two runs may share a folder)
 ``GRADGUARD_RUN_AUDIT``    each process's watch: ``auto`` (the default), a positive N, or ``0``/``off``
 ``GRADGUARD``              the mode (gradguard's own variable, read as everywhere)
 ``GRADGUARD_RUN_PARENT``   the pid of ``gradguard run``: its direct child is the command the user typed,
                            whose messages carry no origin tag unless it has a rank
 =========================  ==========================================================================
 
+A variable set to an empty (or blank) value counts as unset, as ``GRADGUARD`` and ``GRADGUARD_AUDIT`` do.
 ``GRADGUARD_AUDIT`` is left out of a launched process's environment: the run's own watch replaces it
 there (otherwise each ``enforce()`` scope of the program would start a second watch).
+
+Nothing here imports torch: ``gradguard run`` reads and checks these values before it starts the
+command, and the launcher's own start-up is part of every command's cost.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
+from typing import Literal
 
 from .._errors import GradGuardError
 from .._policy.modes import ENV_VAR as MODE
-from .._watch.watcher import AUDIT_ENV, Every, parse_audit
 
-__all__ = ["AUDIT", "BOOTSTRAP", "MODE", "PARENT", "REPORT_DIR", "Settings", "child_environment", "exports"]
+__all__ = [
+    "AUDIT",
+    "AUDIT_ENV",
+    "BOOTSTRAP",
+    "MODE",
+    "PARENT",
+    "REPORT_DIR",
+    "RUN_ID",
+    "Settings",
+    "check_run_id",
+    "child_environment",
+    "exports",
+    "given",
+    "new_run_id",
+    "parse_audit",
+    "python_path",
+]
 
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 """The folder holding the bootstrap ``sitecustomize.py``."""
 
 REPORT_DIR = "GRADGUARD_REPORT_DIR"
+RUN_ID = "GRADGUARD_RUN_ID"
 AUDIT = "GRADGUARD_RUN_AUDIT"
 PARENT = "GRADGUARD_RUN_PARENT"
+AUDIT_ENV = "GRADGUARD_AUDIT"  # the watch's own variable (gradguard._watch.watcher.AUDIT_ENV; a test keeps them equal)
+
+Every = int | Literal["auto"]
+
+AUDIT_ACCEPTED = (
+    "a positive whole number N (audit every N-th step boundary), 'auto' (audit when memory grows, and as "
+    "often as keeps the audits within a small share of the wall time), or 0/off (no watch)"
+)
+_OFF_WORDS = frozenset({"0", "off", "false", "no", "none"})
+_RUN_ID = re.compile(r"[A-Za-z0-9_]{1,64}")  # no "-": it ends the run id in a report's file name
+RUN_ID_ACCEPTED = "1 to 64 letters, digits or '_' (gradguard run and gradguard env set it)"
+
+
+def parse_audit(value: str, *, what: str) -> Every | None:
+    """A watch setting given as text (a flag or a variable): ``every``, or ``None`` for no watch.
+
+    The watch's own vocabulary (:func:`gradguard._watch.watcher.parse_audit` takes the same words; a
+    test keeps the two equal), read here without importing torch. An empty value is refused: a flag
+    given as ``''`` is a mistake (a variable that is empty counts as unset, and is never passed here).
+
+    Raises:
+        GradGuardError: naming ``what``, the value and what is accepted.
+    """
+    text = value.strip().lower()
+    if text == "auto":
+        return "auto"
+    if text in _OFF_WORDS:
+        return None
+    if text.isascii() and text.isdigit() and int(text) > 0:
+        return int(text)
+    empty = " (an empty value)" if not text else ""
+    raise GradGuardError(f"{what}={value!r}{empty} is not accepted; accepted: {AUDIT_ACCEPTED}")
+
+
+def check_run_id(value: str, *, what: str = RUN_ID) -> str:
+    """``value`` when it is a run id a report's file name can carry.
+
+    Raises:
+        GradGuardError: naming ``what``, the value and what is accepted.
+    """
+    if _RUN_ID.fullmatch(value) is None:
+        raise GradGuardError(f"{what}={value!r} is not accepted; accepted: {RUN_ID_ACCEPTED}")
+    return value
+
+
+def new_run_id() -> str:
+    """A run id no other run takes: twelve random hexadecimal digits."""
+    return os.urandom(6).hex()
+
+
+def given(environ: Mapping[str, str], name: str) -> str | None:
+    """``environ[name]``, with an empty or blank value counting as unset."""
+    value = environ.get(name)
+    return value if value is not None and value.strip() else None
 
 
 class Settings:
-    """What one process reads from its environment: ``report_dir``, ``every`` (``None``: no watch),
-    ``parent`` (the pid of ``gradguard run``, or ``None``) and ``error`` (a bad value, said once in the
-    report and on stderr; the watch is then off)."""
+    """What one process reads from its environment: ``report_dir``, ``run`` (the run id, ``""`` when the
+    variables were set by hand without one), ``every`` (``None``: no watch), ``parent`` (the pid of
+    ``gradguard run``, or ``None``) and ``errors`` (bad values, said once in the report and on stderr:
+    a bad watch setting turns the watch off)."""
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         environ = os.environ if environ is None else environ
         self.report_dir = environ.get(REPORT_DIR, "")
-        self.error: str | None = None
+        self.errors: list[str] = []
         self.every: Every | None = None
+        self.run = ""
         try:
-            self.every = parse_audit(environ.get(AUDIT) or "auto", what=AUDIT)
+            self.every = parse_audit(given(environ, AUDIT) or "auto", what=AUDIT)
         except GradGuardError as exc:  # reported, never raised into the program's `import torch`
-            self.error = str(exc)
-        parent = environ.get(PARENT, "")
-        self.parent = int(parent) if parent.isdigit() else None
+            self.errors.append(str(exc))
+        run = (given(environ, RUN_ID) or "").strip()
+        if run:
+            try:
+                self.run = check_run_id(run)
+            except GradGuardError as exc:
+                self.errors.append(f"{exc}; this process's report carries no run id")
+        parent = (given(environ, PARENT) or "").strip()
+        self.parent = int(parent) if parent.isascii() and parent.isdigit() else None
 
 
 def _every_text(every: Every | None) -> str:
     return "0" if every is None else str(every)
 
 
-def exports(report_dir: str, every: Every | None, mode: str | None) -> dict[str, str]:
-    """The variables to set for a process to report into ``report_dir`` (``PYTHONPATH`` not included)."""
-    variables = {REPORT_DIR: os.path.abspath(report_dir), AUDIT: _every_text(every)}
+def exports(report_dir: str, every: Every | None, mode: str | None, run: str) -> dict[str, str]:
+    """The variables to set for a process to report into ``report_dir`` for the run ``run``
+    (``PYTHONPATH`` not included)."""
+    variables = {REPORT_DIR: os.path.abspath(report_dir), RUN_ID: run, AUDIT: _every_text(every)}
     if mode is not None:
         variables[MODE] = mode
     return variables
 
 
 def python_path(current: str | None) -> str:
-    """``PYTHONPATH`` with the bootstrap folder first (once), then ``current``."""
-    rest = [p for p in (current or "").split(os.pathsep) if p and os.path.abspath(p) != BOOTSTRAP]
+    """``PYTHONPATH`` with the bootstrap folder first (once), then ``current``'s entries as they were.
+
+    Every other entry is kept, in its order, the empty ones too: an empty entry means the current
+    directory (``PYTHONPATH=':/lib'``), so dropping one would change what the program imports. An unset
+    or empty ``PYTHONPATH`` has no entries (Python ignores an empty value).
+    """
+    if not current:
+        return BOOTSTRAP
+    rest = [p for p in current.split(os.pathsep) if not (p and os.path.abspath(p) == BOOTSTRAP)]
     return os.pathsep.join([BOOTSTRAP, *rest])
 
 
 def child_environment(
-    report_dir: str, every: Every | None, mode: str | None, base: Mapping[str, str] | None = None
+    report_dir: str, every: Every | None, mode: str | None, run: str, base: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """The whole environment of the command ``gradguard run`` starts: ``base`` (``os.environ``) with the
     bootstrap first on ``PYTHONPATH``, the settings, this process's pid as the parent, and no
     ``GRADGUARD_AUDIT``."""
     environ = dict(os.environ if base is None else base)
     environ.pop(AUDIT_ENV, None)
-    environ.update(exports(report_dir, every, mode))
+    environ.update(exports(report_dir, every, mode, run))
     environ["PYTHONPATH"] = python_path(environ.get("PYTHONPATH"))
     environ[PARENT] = str(os.getpid())
     return environ

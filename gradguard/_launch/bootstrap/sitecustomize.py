@@ -13,6 +13,10 @@ multiprocessing spawn children, Ray workers. The contract:
   (``enforce()``, the watch and this process's report). This file imports nothing but ``os`` and
   ``sys`` (both loaded before ``site`` runs): gradguard, wrapt and torch are imported by the program's
   own ``import torch``, never here. A process that never imports torch never imports gradguard.
+* When the setup fails (most often: this interpreter cannot import gradguard, a second virtualenv
+  that has torch but not gradguard), the program goes on: the reason is said on stderr and written
+  as this process's report (kind ``not-set-up``), so the run's summary says the process was not
+  checked, and why, instead of counting it as a process that never imported torch.
 * It sets up at most once per process: the finder is removed before the setup runs, and a forked
   child inherits the parent's state (the setup itself handles the fork).
 * Then it runs the user's own ``sitecustomize``, the next one on ``sys.path``, as ``site`` would have;
@@ -33,7 +37,12 @@ if TYPE_CHECKING:
     from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_REPORT_DIR = "GRADGUARD_REPORT_DIR"  # gradguard._launch._settings.REPORT_DIR (a test keeps them equal)
+# gradguard._launch._settings and ._report's names (a test keeps them equal)
+_REPORT_DIR = "GRADGUARD_REPORT_DIR"
+_RUN_ID = "GRADGUARD_RUN_ID"
+_PARENT = "GRADGUARD_RUN_PARENT"
+_FORMAT = "gradguard-run-report"
+_VERSION = 2
 
 
 class _Loader:
@@ -43,6 +52,9 @@ class _Loader:
     def __init__(self, loader: Any, finder: _WaitForTorch) -> None:
         self.loader = loader
         self.finder = finder
+
+    def __getattr__(self, name: str) -> Any:  # get_code, get_source, is_package (runpy's -m): the loader's own
+        return getattr(self.loader, name)
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         create = getattr(self.loader, "create_module", None)
@@ -61,11 +73,16 @@ def _initializing(name: str) -> bool:
     return getattr(spec, "_initializing", False)
 
 
+def _ours(name: str) -> bool:
+    return name == "gradguard" or name.startswith("gradguard.")
+
+
 class _WaitForTorch:
-    """A ``sys.meta_path`` finder that answers for ``torch`` and ``gradguard`` only, with the spec the
-    finders after it give, its loader wrapped so that the setup runs once both imports are complete:
-    torch's, and gradguard's when torch was imported by gradguard's own import (``import gradguard``
-    first in a program), since the setup imports gradguard."""
+    """A ``sys.meta_path`` finder that answers for ``torch`` and gradguard's modules only, with the spec
+    the finders after it give, its loader wrapped so that the setup runs once torch's import is complete
+    and no import of a gradguard module is under way: torch is often imported by one of gradguard's
+    (``from gradguard import guard`` first in a program), and the setup imports gradguard's modules,
+    which must not be met half-initialised."""
 
     def __init__(self) -> None:
         self.busy = False
@@ -73,7 +90,7 @@ class _WaitForTorch:
     def find_spec(
         self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if (name != "torch" and name != "gradguard") or self.busy:
+        if (name != "torch" and not _ours(name)) or self.busy:
             return None
         self.busy = True
         try:
@@ -94,7 +111,8 @@ class _WaitForTorch:
 
     def imported(self, done: str | None = None) -> None:
         """``done``: the module whose code has just run (its import is still marked as under way)."""
-        if "torch" not in sys.modules or any(_initializing(n) for n in ("torch", "gradguard") if n != done):
+        under_way = [n for n in list(sys.modules) if (n == "torch" or _ours(n)) and n != done and _initializing(n)]
+        if "torch" not in sys.modules or under_way:
             return  # called again when the import under way completes
         if self not in sys.meta_path:
             return
@@ -105,6 +123,53 @@ class _WaitForTorch:
             setup()
         except Exception as exc:  # the program's `import torch` must not fail because of gradguard
             print(f"gradguard: not set up in process {os.getpid()}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            _not_set_up(f"{type(exc).__name__}: {exc}")
+
+
+def _word(text: str) -> bool:
+    return all(c.isascii() and (c.isalnum() or c == "_") for c in text)
+
+
+def _not_set_up(error: str) -> None:
+    """This process's report, written here (gradguard may not be importable): it imported torch and was
+    not set up, and why."""
+    try:
+        import json
+        import socket
+        import time
+
+        run = os.environ.get(_RUN_ID, "").strip()
+        run = run if _word(run) and len(run) <= 64 else ""
+        parent = os.environ.get(_PARENT, "").strip()
+        host = socket.gethostname() or "localhost"
+        try:
+            with open("/proc/self/stat", encoding="ascii", errors="replace") as f:
+                started: int | None = int(f.read().rsplit(")", 1)[1].split()[19])
+        except (OSError, IndexError, ValueError):
+            started = None
+        report = {
+            "format": _FORMAT,
+            "version": _VERSION,
+            "run": run,
+            "kind": "not-set-up",
+            "pid": os.getpid(),
+            "host": host,
+            "top": parent.isdigit() and int(parent) == os.getppid(),
+            "argv": [str(a) for a in sys.argv],
+            "error": error,
+            "written": time.time(),
+            "executable": sys.executable,
+            "started": started,
+        }
+        folder = os.environ[_REPORT_DIR]
+        os.makedirs(folder, exist_ok=True)
+        safe = "".join(c if _word(c) or c in ".-" else "_" for c in host)[:64]
+        path = os.path.join(folder, f"report-{run}-{safe}-{os.getpid()}-{os.urandom(4).hex()}.json")
+        with open(f"{path}.{os.getpid()}.tmp", "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+        os.replace(f"{path}.{os.getpid()}.tmp", path)
+    except Exception as exc:  # noqa: BLE001 - said, never raised into the program
+        print(f"gradguard: process {os.getpid()}: the report saying so was not written: {exc!r}", file=sys.stderr)
 
 
 def _arm() -> None:
