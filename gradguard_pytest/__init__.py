@@ -60,24 +60,24 @@ def pytest_configure(config: pytest.Config) -> None:
         "and fail it when a graph it made outlives it",
     )
     mode = config.getoption("--gradguard")
-    if mode is not None:
-        import gradguard
+    every = config.getoption("--gradguard-audit")
+    if mode is None and every is None:
+        return
+    import gradguard
+    from gradguard._policy.modes import normalize_mode
+    from gradguard._watch.watcher import parse_every
 
-        try:
-            scope = gradguard.enforce(mode=mode)
-        except gradguard.GradGuardError as exc:
-            raise pytest.UsageError(f"--gradguard: {exc}") from None
+    try:  # both checked before either is entered, each named as the user spelled it
+        mode = None if mode is None else normalize_mode(mode, what="--gradguard")
+        every = None if every is None else parse_every(every, what="--gradguard-audit")
+    except gradguard.GradGuardError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if mode is not None:
+        scope = gradguard.enforce(mode=mode)
         scope.__enter__()
         config.stash[_SESSION_KEY] = scope
-    every = config.getoption("--gradguard-audit")
     if every is not None:
-        import gradguard
-
-        try:
-            watching = gradguard.watch(every=every, mode=mode or "raise")
-        except gradguard.GradGuardError as exc:
-            _unconfigure(config)
-            raise pytest.UsageError(f"--gradguard-audit: {exc}") from None
+        watching = gradguard.watch(every=every, mode=mode or "raise")
         watching.__enter__()
         config.stash[_WATCH_KEY] = watching
 
@@ -94,6 +94,9 @@ def _unconfigure(config: pytest.Config) -> None:
             del config.stash[key]
 
 
+_MARKER_ARGUMENTS = ("mode", "engines", "stores", "audit")
+
+
 def _marker(item: pytest.Item) -> tuple[dict[str, Any], Any] | None:
     """The test's gradguard marker: ``(enforce's keywords, audit)``, or ``None`` without one."""
     marker = item.get_closest_marker("gradguard")
@@ -101,6 +104,12 @@ def _marker(item: pytest.Item) -> tuple[dict[str, Any], Any] | None:
         return None
     if marker.args:
         raise pytest.UsageError(f"{item.nodeid}: use @pytest.mark.gradguard(mode=...), with keywords only")
+    unknown = sorted(set(marker.kwargs) - set(_MARKER_ARGUMENTS))
+    if unknown:
+        raise pytest.UsageError(
+            f"{item.nodeid}: @pytest.mark.gradguard does not take {', '.join(map(repr, unknown))}; it takes "
+            f"{', '.join(_MARKER_ARGUMENTS)}"
+        )
     kwargs = dict(marker.kwargs)
     return kwargs, kwargs.pop("audit", None)
 
@@ -113,9 +122,11 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     watching: Any = item.config.stash.get(_WATCH_KEY, None)
     if audit is not None:
         import gradguard
+        from gradguard._watch.watcher import parse_every
 
-        try:
-            watching = gradguard.watch(every=audit, mode=marker.kwargs.get("mode") or "raise")  # type: ignore[union-attr]
+        try:  # the marker's own argument is named: audit=0, not the watch's every=0
+            every = parse_every(audit, what="audit")
+            watching = gradguard.watch(every=every, mode=marker.kwargs.get("mode") or "raise")  # type: ignore[union-attr]
         except gradguard.GradGuardError as exc:
             item.stash[_TEST_KEY] = (exc, None)  # the test's call fails with it, as any bad marker argument
             return result
@@ -150,7 +161,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
-    report = yield
+    report: Any = yield
     if call.when == "call" and report.failed:
         item.stash[_FAILED_KEY] = True
     return report
@@ -159,6 +170,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     result = yield
+    watching: Any
     watching, mark = item.stash.get(_TEST_KEY, (None, None))
     if mark is not None and not item.stash.get(_FAILED_KEY, False):
         del item.stash[_TEST_KEY]

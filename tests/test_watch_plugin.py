@@ -53,6 +53,16 @@ def test_marked_warn():
 @pytest.mark.gradguard(audit="sometimes")
 def test_marked_bad_audit():
     pass
+
+
+@pytest.mark.gradguard(audit=0)
+def test_marked_zero_audit():
+    pass
+
+
+@pytest.mark.gradguard(every=1)
+def test_marked_unknown_argument():
+    pass
 """
 
 
@@ -69,11 +79,25 @@ def _failed(result: pytest.RunResult) -> dict[str, str]:
 def test_the_marker_watches_one_test(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_inner=INNER)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "default")
-    result.assert_outcomes(passed=3, failed=2)
+    result.assert_outcomes(passed=3, failed=4)
     failed = _failed(result)
-    assert sorted(failed) == ["test_inner.py::test_marked_bad_audit", "test_inner.py::test_marked_leaky"]
+    assert sorted(failed) == [
+        "test_inner.py::test_marked_bad_audit",
+        "test_inner.py::test_marked_leaky",
+        "test_inner.py::test_marked_unknown_argument",
+        "test_inner.py::test_marked_zero_audit",
+    ]
     assert failed["test_inner.py::test_marked_leaky"].startswith("gradguard.GraphRetentionError: gradguard: 1 holder")
-    assert "every='sometimes' is not accepted" in failed["test_inner.py::test_marked_bad_audit"]
+    # the marker's own argument is named, never the watch's `every`
+    assert "audit='sometimes' is not accepted; accepted: a positive" in failed["test_inner.py::test_marked_bad_audit"]
+    assert (
+        "audit=0 is not accepted; accepted: a positive whole number" in failed["test_inner.py::test_marked_zero_audit"]
+    )
+    assert "every" not in failed["test_inner.py::test_marked_zero_audit"].split("accepted")[0]
+    assert (
+        "@pytest.mark.gradguard does not take 'every'; it takes mode, engines, stores, audit"
+        in (failed["test_inner.py::test_marked_unknown_argument"])
+    )
 
 
 def test_the_option_watches_the_session_in_raise_mode(pytester: pytest.Pytester) -> None:
@@ -92,7 +116,8 @@ def test_a_bad_option_value_is_a_usage_error(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_x():\n    pass\n")
     result = pytester.runpytest("--gradguard-audit=0")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--gradguard-audit: every='0' is not accepted; accepted: a positive whole number*"])
+    result.stderr.fnmatch_lines(["*--gradguard-audit='0' is not accepted; accepted: a positive whole number*"])
+    assert "every" not in result.stderr.str().split("accepted")[0]
     assert _enforce.installed() == {}
 
 

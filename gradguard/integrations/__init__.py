@@ -13,9 +13,11 @@ from __future__ import annotations
 import importlib
 import logging
 import types
+from typing import Any
 
 from .._errors import GradGuardError
 from .._watch.audit import Ignore, RetentionReport
+from .._watch.trigger import TriggerSettings
 from .._watch.watcher import Watcher
 
 __all__ = ["MissingFrameworkError", "WatchedRun", "import_framework"]
@@ -46,17 +48,18 @@ class WatchedRun:
     """What both callbacks keep: one :class:`gradguard.Watcher` per training run, and gradguard's log lines.
 
     ``watcher`` is the run's watcher; ``last_report`` the most recent audit's report of leaks (``None``
-    before the first audit). Bad ``mode``, ``every`` or ``ignore`` are refused at construction.
+    before the first audit). The options are the watch's own (``mode``, ``every``, ``ignore``,
+    ``memory``, as :func:`gradguard.watch` takes them); a bad one is refused at construction.
     """
 
-    def __init__(self, mode: str | None, every: int | str, ignore: Ignore) -> None:
-        self._options = {"mode": mode, "every": every, "ignore": ignore}
-        self.watcher = Watcher(mode=mode, every=every, ignore=ignore)
+    def __init__(self, mode: str | None, every: int | str, ignore: Ignore, memory: bool | TriggerSettings) -> None:
+        self._options: dict[str, Any] = {"mode": mode, "every": every, "ignore": ignore, "memory": memory}
+        self.watcher = Watcher(**self._options)
         self.last_report: RetentionReport | None = None
 
     def restart(self) -> None:
         """A fresh watch: what survived a previous run's boundaries says nothing about this one."""
-        self.watcher = Watcher(**self._options)  # type: ignore[arg-type]
+        self.watcher = Watcher(**self._options)
         self.last_report = None
 
     def boundary(self, step: int) -> tuple[float, float] | None:

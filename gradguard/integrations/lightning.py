@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._watch.audit import Ignore
+from .._watch.trigger import TriggerSettings
 from . import WatchedRun, import_framework
 
 import_framework("lightning.pytorch", distribution="lightning", extra="lightning")  # the framework, or a clear error
@@ -36,9 +37,11 @@ class GradGuardCallback(WatchedRun, Callback):
     """Audit for autograd graphs still held at the end of each optimizer step, and act on the leaks.
 
     ``mode`` (``"warn"``, ``"raise"``, ``"detach"``, ``"off"``, or ``None`` for gradguard's effective
-    mode), ``every`` (audit every N-th optimizer step) and ``ignore`` (path prefixes or a predicate, for
-    graphs kept on purpose) are the watch's own (:func:`gradguard.watch`); bad values are refused here,
-    at construction. In ``raise`` mode the ``GraphRetentionError`` propagates out of ``trainer.fit``.
+    mode), ``every`` (audit every N-th optimizer step, or ``"auto"``), ``ignore`` (path prefixes or a
+    predicate, for graphs kept on purpose) and ``memory`` (``every="auto"`` only: ``True`` audits when
+    the memory figure grows, a :class:`gradguard.TriggerSettings` sets the rule, ``False`` schedules
+    on time alone) are the watch's own (:func:`gradguard.watch`); bad values are refused here, at
+    construction. In ``raise`` mode the ``GraphRetentionError`` propagates out of ``trainer.fit``.
 
     ``watcher`` is this fit's :class:`gradguard.Watcher` (its ``summary()``, ``history()``,
     ``boundaries`` and ``audits``); ``last_report`` is the most recent audit's report of leaks (``None``
@@ -46,9 +49,15 @@ class GradGuardCallback(WatchedRun, Callback):
     ``logging.getLogger("gradguard")``: a warning when an audit found a leak, else at info level.
     """
 
-    def __init__(self, mode: str | None = None, every: int | str = "auto", ignore: Ignore = None) -> None:
+    def __init__(
+        self,
+        mode: str | None = None,
+        every: int | str = "auto",
+        ignore: Ignore = None,
+        memory: bool | TriggerSettings = True,
+    ) -> None:
         Callback.__init__(self)
-        WatchedRun.__init__(self, mode, every, ignore)
+        WatchedRun.__init__(self, mode, every, ignore, memory)
         self._global_step: int | None = None
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
