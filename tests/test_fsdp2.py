@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
@@ -24,14 +24,26 @@ dist = pytest.importorskip("torch.distributed", reason="torch built without torc
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with the gloo backend is not available", allow_module_level=True)
 
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh  # noqa: E402
-from torch.distributed.fsdp import fully_shard  # noqa: E402
-from torch.distributed.tensor import DTensor, Shard  # noqa: E402
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+# FSDP2 as an engine: imported by the tests, not at collection (torch.distributed.fsdp brings sympy,
+# some 75k objects that every later gc.collect() and heap audit in the process would walk), and run
+# with the integration tests, last.
+pytestmark = pytest.mark.integration
+
+
+def fully_shard(module: nn.Module, **kwargs: Any) -> Any:
+    from torch.distributed.fsdp import fully_shard
+
+    return fully_shard(module, **kwargs)
 
 
 @pytest.fixture(scope="module")
 def mesh() -> Iterator[DeviceMesh]:
     """A one-process gloo group for this module; a process can hold one, so it is destroyed after."""
+    from torch.distributed.device_mesh import init_device_mesh
+
     if dist.is_initialized():
         if dist.get_world_size() != 1:
             pytest.skip("a multi-process group is already initialized in this process")
@@ -62,6 +74,8 @@ X = torch.randn(4, 8)
 
 
 def test_the_premise_the_graph_reaches_other_parameters(mesh: DeviceMesh) -> None:
+    from torch.distributed.tensor import DTensor
+
     model = sharded(mesh)
     loss = model(X).pow(2).mean()
     leaves = {id(n.variable) for n in gradguard._graph.nodes.nodes([loss.grad_fn]) if hasattr(n, "variable")}
@@ -134,6 +148,8 @@ def test_gradients_are_bitwise_identical_with_and_without_the_check(mesh: Device
 
 
 def test_pinned_bytes_counts_a_dtensor_by_its_local_shard(mesh: DeviceMesh) -> None:
+    from torch.distributed.tensor import DTensor, Shard
+
     # one rank holding 4 rows of a tensor whose global shape says 8: only the 4 rows are memory here
     local = torch.randn(4, 6)
     leaf = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=torch.Size((8, 6)), stride=(6, 1))
