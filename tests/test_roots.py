@@ -95,8 +95,9 @@ def test_a_weakly_named_object_is_forgotten_when_it_dies() -> None:
 def test_the_watch_repairs_through_a_named_root(trainer: Trainer) -> None:
     _roots.name_root(trainer, "actor Trainer")
     watcher = gradguard.Watcher(every=1, mode="detach")
-    assert watcher.boundary() is not None  # the first audit records the graphs
-    report = watcher.boundary()
+    assert watcher.boundary() is not None  # the first audit stamps the graphs
+    assert watcher.boundary() is not None  # one boundary later they are one step's graphs, bounded
+    report = watcher.boundary()  # two: they do not go away
     assert report is not None and [r.holder for r in report] == ["actor Trainer: self.losses[*]"]
     assert all(loss.grad_fn is None for loss in trainer.losses)
     assert watcher.history()[0].outcome == "repaired"

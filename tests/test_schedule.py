@@ -1,10 +1,11 @@
-"""When the watch audits: the schedule of each thread (``every``, the memory trigger, the backstop on
-time). The memory figure and the clock are injected: no timing and no allocator reading in these
-tests."""
+"""When the watch audits: the schedule of each thread (the start-up check, the constant-time signals, the
+budgets, hunting with ``every=N``). The memory figure and the clock are injected: no timing and no
+allocator reading in these tests."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import gc
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from torch import nn
 import gradguard
 from gradguard._watch import schedule as _schedule
 from gradguard._watch import watcher as _watch
-from gradguard._watch.schedule import BACKSTOP_SHARE, FIRST_COST, Schedule
+from gradguard._watch.schedule import BACKSTOP_SHARE, FIRST_COST, IDLE_SHARE, REPEAT_SHARE, Schedule
 from gradguard._watch.trigger import TriggerSettings
 
 KiB = 1024
@@ -23,8 +24,9 @@ KiB = 1024
 class FakeReader:
     """A memory figure the test sets: ``level`` bytes of CPU memory in use."""
 
-    cpu_source = "mallinfo2"
+    cpu_source = "statm"
     cuda = False
+    seconds = 0.0
 
     def __init__(self) -> None:
         self.level = 100 * 1024 * KiB
@@ -37,95 +39,145 @@ class FakeReader:
     def describe(self) -> str:
         return "cpu: a test's figure"
 
-
-class NoFigure(FakeReader):
-    cpu_source = None  # type: ignore[assignment]
-
-    def __call__(self) -> dict[str, int]:
-        return {}
+    def short(self) -> str:
+        return "a test's figure"
 
 
-def run(schedule: Schedule, boundaries: int, step: float = 0.02, cost: float = 0.05) -> list[str | None]:
-    reasons: list[str | None] = []
-    now = 0.0
-    for _ in range(boundaries):
-        now += step
-        reason = schedule.boundary(now)
-        reasons.append(reason)
+class Run:
+    """Drives a schedule: one boundary per call, with the signals given, audits costing ``cost``."""
+
+    def __init__(self, schedule: Schedule, step: float = 0.02, cost: float = 0.05) -> None:
+        self.schedule, self.step, self.cost = schedule, step, cost
+        self.now = 0.0
+        self.boundary = 0
+        self.reasons: list[str | None] = []
+
+    def __call__(
+        self,
+        old: int | None = None,
+        held: Mapping[str, int] | None = None,
+        *,
+        new: bool = False,
+        found: bool = False,
+        pending: bool = False,
+    ) -> str | None:
+        self.boundary += 1
+        self.now += self.step
+        reason = self.schedule.boundary(self.now, self.boundary, old, held)
+        self.reasons.append(reason)
         if reason is not None:
-            schedule.audited(cost, new=False)
-            now += cost
-    return reasons
+            self.schedule.audited(
+                self.cost, reason, new=new, found=found, unexplained=False, boundary=self.boundary, pending=pending
+            )
+            self.now += self.cost
+        return reason
+
+    def audited_at(self, reason: str) -> list[int]:
+        return [b for b, r in enumerate(self.reasons, start=1) if r == reason]
 
 
-def test_every_n_audits_every_nth_boundary_and_reads_no_memory() -> None:
+# --------------------------------------------------------------------------------------------------
+# The schedule alone
+# --------------------------------------------------------------------------------------------------
+
+
+def test_the_first_boundary_is_audited_then_only_what_a_signal_or_the_backstop_asks() -> None:
     reader = FakeReader()
-    schedule = Schedule(3, TriggerSettings(), reader=lambda: reader)
-    assert run(schedule, 7) == [None, None, "every", None, None, "every", None]
-    assert reader.readings == 0
-
-
-def test_without_a_figure_the_first_two_boundaries_then_one_percent() -> None:
-    schedule = Schedule("auto", TriggerSettings(), reader=NoFigure)
-    reasons = run(schedule, 2000, step=0.02, cost=0.05)  # an audit costs 2.5 steps
-    assert reasons[:3] == ["first", "first", None]
-    elapsed = 2000 * 0.02 + schedule.spent
-    assert schedule.spent <= _schedule.AUTO_SHARE * elapsed  # two audits of margin keep it under
-    assert 4 <= sum(r is not None for r in reasons) <= 2000 * 0.02 * 0.01 / 0.05 + 1
-    assert Schedule("auto", None).trigger is None  # memory=False: the same schedule
-
-
-def test_a_clean_run_with_a_figure_is_audited_by_the_backstop_alone() -> None:
-    reader = FakeReader()
-    schedule = Schedule("auto", TriggerSettings(), reader=lambda: reader)
-    reasons = run(schedule, 2000, step=0.02, cost=0.05)
-    elapsed = 2000 * 0.02
-    assert "memory" not in reasons and "first" not in reasons
-    # the backstop's first audit waits until BACKSTOP_SHARE of the time affords FIRST_COST
-    first = reasons.index("time") if "time" in reasons else None
-    assert first is None or (first + 1) * 0.02 * BACKSTOP_SHARE >= FIRST_COST - 1e-9
-    assert schedule.spent <= BACKSTOP_SHARE * elapsed + 0.05
+    run = Run(Schedule("auto", TriggerSettings(), reader=lambda: reader))
+    for _ in range(2000):
+        run()
+    assert run.reasons[0] == "start" and run.audited_at("start") == [1]
+    assert set(run.reasons[1:]) <= {None, "time"}
+    # the backstop's first audit waits until its share affords FIRST_COST, and it keeps to its share
+    first = run.audited_at("time")[0] if run.audited_at("time") else None
+    assert first is None or first * 0.02 * BACKSTOP_SHARE >= FIRST_COST - 1e-9
+    assert len(run.audited_at("time")) * 0.05 <= BACKSTOP_SHARE * run.now + 0.05
     assert reader.readings == 2000
 
 
-def test_the_backstops_first_audit_keeps_a_clean_run_within_its_share() -> None:
-    """``gradguard bench --late-leak``, pp-last-stage on 2 CPU cores: 2000 clean steps of 64 ms, and the
-    backstop's one audit took 0.13 s where 0.05 s was assumed, 0.1% of the run instead of 0.05%
-    (the clean run's share was 0.229%). The first audit now waits until the share affords an audit
-    of the heap a training process has."""
-    reader = FakeReader()
-    schedule = Schedule("auto", TriggerSettings(), reader=lambda: reader)
-    reasons = run(schedule, 2000, step=0.064, cost=0.13)
-    assert schedule.spent <= BACKSTOP_SHARE * 2000 * 0.064
-    assert "time" not in reasons  # too short a run for the first audit
-    # a run long enough is audited, and stays within the share once the first cost is known
-    long_run = Schedule("auto", TriggerSettings(), reader=lambda: reader)
-    reasons = run(long_run, 40000, step=0.064, cost=0.13)
-    assert 1 <= reasons.count("time") and long_run.spent <= BACKSTOP_SHARE * 40000 * 0.064
+def test_a_graph_that_lived_through_two_boundaries_asks_for_an_audit() -> None:
+    run = Run(Schedule("auto", None))
+    run()
+    assert run(old=0) is None  # stamped at epoch 0: at boundary 2 it lived through one boundary
+    assert run(old=0) == "old"  # at 3, through two
 
 
-def test_a_leak_that_starts_late_is_audited_at_once_and_confirmed() -> None:
+def test_searches_for_old_graphs_that_keep_finding_nothing_are_held_to_a_small_share() -> None:
+    run = Run(Schedule("auto", None), step=0.001, cost=0.05)
+    run()
+    for b in range(2, 3000):
+        run(old=b - 3, pending=True)  # a two-optimizer loop whose previous result always looks old
+    old = run.audited_at("old")
+    assert old[0] == 2  # the first is always searched
+    assert len(old) - 1 <= IDLE_SHARE * run.now / 0.05 + 1
+    # a search that finds a new leak is free: the next old graph is searched at once
+    schedule = Schedule("auto", None)
+    productive = Run(schedule, step=0.001, cost=0.05)
+    productive()
+    assert [productive(old=b - 3, new=True) for b in range(2, 8)][2:] == ["old"] * 4
+
+
+def test_known_leaks_found_again_are_held_to_the_repeat_share() -> None:
+    run = Run(Schedule("auto", None), step=0.01, cost=0.05)
+    run()
+    for b in range(2, 2000):
+        run(old=b - 3, found=True)  # warn mode: the same leak, found again at every search
+    searches = len(run.audited_at("old"))
+    assert 2 <= searches <= REPEAT_SHARE * run.now / 0.05 + 2
+
+
+def test_a_rise_of_the_parameters_reference_count_asks_at_once_and_a_steady_count_never() -> None:
+    run = Run(Schedule("auto", None))
+    run(held={"p": 10})
+    for _ in range(50):
+        assert run(held={"p": 10}) is None
+    assert run(held={"p": 11}) == "held"  # a forward kept with its graph: one more reference
+    assert run(held={"p": 11}) is None  # audited: the mark moved up with it
+
+
+def test_memory_growth_alone_spends_only_the_idle_share() -> None:
     reader = FakeReader()
-    schedule = Schedule("auto", TriggerSettings(), reader=lambda: reader)
-    reasons: list[str | None] = []
+    fast = Run(Schedule("auto", TriggerSettings(), reader=lambda: reader), step=0.0005, cost=0.08)
+    for _ in range(2000):
+        reader.level += 32 * KiB * 1024  # a detached replay buffer: the figure climbs, no graph is old
+        fast()
+    assert fast.audited_at("memory") == []  # 1 s of 0.5 ms steps cannot afford an 80 ms audit
+    slow = Run(Schedule("auto", TriggerSettings(), reader=lambda: reader), step=0.5, cost=0.08)
+    for _ in range(400):
+        reader.level += 32 * KiB * 1024
+        slow()
+    memory = slow.audited_at("memory")
+    assert memory and len(memory) * 0.08 <= IDLE_SHARE * slow.now + 0.08
+
+
+def test_old_graphs_no_holder_was_found_for_are_looked_for_again_less_and_less_often() -> None:
+    schedule = Schedule("auto", None)
     now = 0.0
-    for boundary in range(1, 601):
-        if boundary >= 500:
-            reader.level += 260 * KiB  # a kept 256 KiB leaf and its objects, from step 500
-        now += 0.02
-        reason = schedule.boundary(now)
-        reasons.append(reason)
+    looked = []
+    for b in range(1, 200):
+        now += 0.01
+        reason = schedule.boundary(now, b, None, None)
         if reason is not None:
-            schedule.audited(0.05, new=boundary >= 502)
-    audited = [b for b, r in enumerate(reasons, 1) if r == "memory"]
-    assert audited[:2] == [501, 502]  # two boundaries above the mark, then the confirming audit
+            looked.append((b, reason))
+            schedule.audited(0.001, reason, new=False, found=False, unexplained=True, boundary=b)
+    retries = [b for b, reason in looked if reason == "retry"]
+    gaps = [b - a for a, b in zip(retries, retries[1:])]
+    assert looked[0] == (1, "start") and retries[:3] == [2, 4, 8] and gaps == sorted(gaps)
+
+
+def test_hunting_acts_on_the_signals_of_every_nth_boundary_at_once_and_audits_nothing_without_one() -> None:
+    reader = FakeReader()
+    run = Run(Schedule(2, TriggerSettings(), reader=lambda: reader), step=0.001, cost=0.05)
+    run()
+    reasons = [run(old=b - 2) for b in range(2, 40)]  # every old graph: each even boundary searches
+    assert reasons[0::2] == ["old"] * 19 and reasons[1::2] == [None] * 19
+    quiet = Run(Schedule(1, TriggerSettings(), reader=lambda: reader))
+    assert [quiet() for _ in range(500)] == ["start"] + [None] * 499
+    assert reader.readings == 1 + 19 + 500  # the figure is read at every checked boundary
 
 
 def test_a_resident_set_figure_gets_the_coarser_floor() -> None:
-    class Resident(FakeReader):
-        cpu_source = "statm"
-
-    schedule = Schedule("auto", TriggerSettings(), reader=Resident)
+    schedule = Schedule("auto", TriggerSettings(), reader=FakeReader)
     assert schedule.trigger is not None and schedule.trigger.settings.floor == _schedule.RESIDENT_FLOOR
 
 
@@ -148,32 +200,46 @@ def elsewhere(entry: gradguard.Retention) -> bool:
     return "test_schedule" not in entry.path
 
 
-def test_the_watch_reports_a_late_leak_within_a_few_boundaries_of_its_start(figure: FakeReader) -> None:
+def _train(keep: Any, start: int, steps: int = 60, forward_only: bool = False) -> int | None:
+    """Train a tiny model inside ``watch(mode="raise")``, keeping ``keep(loss, out, model)`` from ``start``;
+    the step whose boundary raised."""
     torch.manual_seed(0)
-    model = nn.Linear(8, 1)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    found_at = None
     try:
-        with gradguard.watch(mode="raise", ignore=elsewhere) as scope:  # every="auto", memory=True
-            for step in range(1, 80):
-                loss = model(torch.randn(4, 8)).pow(2).mean()
+        with gradguard.watch(mode="raise", ignore=elsewhere):  # every="auto", memory=True
+            for step in range(1, steps):
+                out = model(torch.randn(4, 8))
+                loss = out.pow(2).mean()
                 loss.backward()
-                if step >= 40:
-                    KEPT.append(loss)  # the leak starts here
-                    figure.level += 256 * KiB
+                if step >= start:
+                    keep(loss, out, model)
                 try:
                     opt.step()
                 except gradguard.GraphRetentionError:
-                    found_at = step
-                    break
+                    return step
                 opt.zero_grad()
     finally:
         KEPT.clear()
-    assert found_at is not None and 40 < found_at <= 45, found_at
-    assert scope.watcher.memory_audits >= 2 and scope.watcher.audits == scope.watcher.memory_audits
+    return None
 
 
-def test_a_summary_of_a_run_the_trigger_never_audited_says_what_it_watched(figure: FakeReader) -> None:
+def test_a_kept_loss_from_a_late_step_is_reported_two_boundaries_after_it_started(figure: FakeReader) -> None:
+    assert _train(lambda loss, out, model: KEPT.append(loss), start=30) == 32
+
+
+def test_a_kept_forward_without_backward_is_reported_within_three_boundaries(figure: FakeReader) -> None:
+    """An evaluation forward kept with its graph: it saves the model's weights, whose reference count rises."""
+    found = _train(lambda loss, out, model: KEPT.append(model(torch.randn(4, 8))), start=30)
+    assert found is not None and 30 < found <= 33
+
+
+def test_a_leak_from_the_first_step_fails_a_six_step_run(figure: FakeReader) -> None:
+    assert _train(lambda loss, out, model: KEPT.append(out), start=1, steps=7) == 3
+
+
+def test_a_summary_of_a_clean_run_says_what_was_checked(figure: FakeReader) -> None:
+    gc.collect()  # graphs other tests left as garbage would be old graphs no holder keeps
     model = nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with gradguard.watch(mode="raise", ignore=elsewhere) as scope:
@@ -181,19 +247,32 @@ def test_a_summary_of_a_run_the_trigger_never_audited_says_what_it_watched(figur
             model(torch.randn(4, 8)).pow(2).mean().backward()
             opt.step()
     text = scope.watcher.summary()
-    assert "20 step boundaries, 0 audited" in text and "no audit ran, nothing was checked" in text
-    assert "memory (cpu: a test's figure) was read at each boundary" in text
-    assert "never rose 256.0 KiB over its low-water mark of the last 64 boundaries" in text
+    assert "20 step boundaries, 1 audited" in text and "no autograd graph outlived two step boundaries" in text
+    assert "stamped at backwards and audits were followed" in text
+    assert "memory" not in text  # the figure did not move
+
+
+def test_a_summary_says_when_memory_grew_and_no_graph_explains_it(figure: FakeReader) -> None:
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gradguard.watch(mode="raise", ignore=elsewhere) as scope:
+        for _ in range(20):
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+            figure.level += 4 * 1024 * KiB  # a detached buffer: the resident set grows, no graph is old
+    text = scope.watcher.summary()
+    assert "no autograd graph outlived two step boundaries" in text
+    assert "memory (a test's figure) grew after the start-up check: cpu +72.0 MiB" in text  # 18 boundaries
+    assert "which no autograd graph the audits found explains" in text
 
 
 def test_memory_settings_are_validated() -> None:
     with pytest.raises(gradguard.GradGuardError, match=r"memory='yes' is not accepted; accepted: True"):
-        gradguard.watch(memory="yes")
-    with pytest.raises(gradguard.GradGuardError, match=r"every=3: the memory trigger schedules audits for"):
-        gradguard.Watcher(every=3, memory=gradguard.TriggerSettings())
+        gradguard.watch(memory="yes")  # type: ignore[arg-type]
     with pytest.raises(gradguard.GradGuardError, match=r"TriggerSettings\(floor=0\) is not accepted"):
         gradguard.TriggerSettings(floor=0)
-    assert gradguard.Watcher(every=3).memory is None and gradguard.Watcher(memory=False).memory is None
+    assert gradguard.Watcher(every=3).memory == gradguard.TriggerSettings()
+    assert gradguard.Watcher(memory=False).memory is None
 
 
 def test_off_reads_nothing(figure: FakeReader) -> None:
@@ -214,4 +293,5 @@ def test_the_clock_share_is_the_audits_and_the_readings(monkeypatch: pytest.Monk
         _ = x * 2
         clock[0] += 1.0
         watcher.boundary()
-    assert watcher.audits == 3 and watcher.read_seconds == 0.0  # every=1 reads no figure
+    figures = watcher.figures()
+    assert watcher.audits >= 1 and figures.elapsed == 2.0 and figures.seconds == 0.0  # the fake clock did not move

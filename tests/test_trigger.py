@@ -2,9 +2,9 @@
 
 ``tests/data/trigger_noise_cpu.json`` is real noise: glibc's in-use bytes (and the resident set) at each
 of 2000 boundaries of each ``gradguard bench`` scenario, recorded by ``python -m benchmarks.trigger``.
-``watch()`` below is a model of the watch around the trigger: the backstop audits the first two
-boundaries, every request is audited, and a leak is found once its graph was alive at the previous
-audit (object state) or has survived two boundaries since an audit first saw it (a frame's variable).
+``watch()`` below is a model of the watch around the trigger: the start-up check audits the first
+boundary, every request is audited, and an audit stamps what is alive, so a leak is judged two
+boundaries after the audit that first saw it.
 """
 
 from __future__ import annotations
@@ -48,17 +48,16 @@ class Outcome:
     reported: int | None
     trigger: Trigger
 
-    def boundaries(self, reason: str | None = None) -> list[int]:
-        return [b for b, r in self.requests if reason is None or r.reason == reason]
+    def boundaries(self) -> list[int]:
+        return [b for b, _ in self.requests]
 
 
 def watch(
     series: Iterable[Mapping[str, int]],
     *,
     leak_start: int | None = None,
-    holder: str = "state",
     settings: TriggerSettings | None = None,
-    backstop: tuple[int, ...] = (1, 2),
+    startup: tuple[int, ...] = (1,),
 ) -> Outcome:
     """The trigger inside a model of the watch (see the module documentation); ``warn`` mode: a leak found
     again is not new."""
@@ -70,13 +69,13 @@ def watch(
         request = trigger.observe(readings)
         if request is not None:
             requests.append((b, request))
-        elif b not in backstop:
+        elif b not in startup and (seen is None or b != seen + 2):
             continue
         new = False
         if leak_start is not None and b >= leak_start:
             if seen is None:
-                seen = b
-            elif reported is None and b - seen >= (2 if holder == "frame" else 1):
+                seen = b  # the audit stamps the leak's graphs; two boundaries later they are old
+            elif reported is None and b >= seen + 2:
                 reported, new = b, True
         audits.append(b)
         trigger.audited(new)
@@ -94,8 +93,8 @@ def cpu(figures: Iterable[int]) -> list[dict[str, int]]:
 
 def test_the_defaults_are_the_documented_ones() -> None:
     s = TriggerSettings()
-    values = (s.floor, s.fraction, s.window, s.boundaries, s.backoff, s.confirmations)
-    assert values == (256 * KiB, 1 / 1024, 64, 2, 2.0, 2)
+    values = (s.floor, s.fraction, s.window, s.boundaries, s.backoff)
+    assert values == (256 * KiB, 1 / 1024, 64, 2, 2.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.floor = 1  # type: ignore[misc]
 
@@ -108,7 +107,6 @@ def test_the_defaults_are_the_documented_ones() -> None:
         ("floor", True, "a whole number of bytes >= 1"),
         ("window", 0, "a whole number of boundaries >= 1"),
         ("boundaries", -1, "a whole number of boundaries >= 1"),
-        ("confirmations", -1, "a whole number >= 0"),
         ("fraction", 1.0, "a number >= 0 and < 1"),
         ("fraction", float("nan"), "a number >= 0 and < 1"),
         ("fraction", "0.1", "a number >= 0 and < 1"),
@@ -130,7 +128,7 @@ def test_a_bad_setting_names_the_value_and_what_is_accepted(field: str, value: o
 def test_a_clean_recorded_run_asks_for_no_audit_in_2000_boundaries(scenario: str) -> None:
     outcome = watch(cpu(recorded(scenario)))
     assert len(recorded(scenario)) == 2000
-    assert outcome.requests == [] and outcome.audits == [1, 2]  # the backstop's two, nothing more
+    assert outcome.requests == [] and outcome.audits == [1]  # the start-up check, nothing more
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -148,9 +146,8 @@ def test_the_resident_set_with_its_own_floor_asks_for_nothing_and_still_sees_the
 def test_the_resident_set_under_the_default_floor_settles_after_a_few_back_offs(scenario: str) -> None:
     """Each clean episode doubles the threshold until the noise fits under it."""
     outcome = watch(cpu(recorded(scenario, "statm")))
-    grew = outcome.boundaries("grew")
+    grew = outcome.boundaries()
     assert len(grew) <= 6
-    assert len(outcome.requests) <= 2 * len(grew)  # a clean step is not rising: one confirmation each
     assert outcome.trigger.backoffs == len(grew)
 
 
@@ -159,25 +156,25 @@ def test_empty_readings_never_ask() -> None:
     assert outcome.requests == [] and outcome.trigger.thresholds() == {}
 
 
-def test_a_step_in_the_level_costs_one_audit_and_one_confirmation_then_backs_off() -> None:
+def test_a_step_in_the_level_costs_one_audit_then_backs_off() -> None:
     """A dataloader's prefetch filling up, a cache made once: the level steps up by 8 MiB at boundary 300."""
     figures = recorded("lora-checkpoint")
     figures = [v + (8 * MiB if b >= 300 else 0) for b, v in enumerate(figures, start=1)]
     outcome = watch(cpu(figures))
-    assert [(b, r.reason) for b, r in outcome.requests] == [(301, "grew"), (302, "confirm")]
+    assert outcome.boundaries() == [301]
     assert outcome.trigger.backoffs == 1
     assert outcome.trigger.thresholds()["cpu"] == 2 * 256 * KiB
 
 
-def test_a_step_at_the_first_boundaries_is_absorbed_by_the_backstop_audits() -> None:
-    """Optimizer state made at the first step, lazy initialisation at the second: the backstop audits those
-    boundaries, and every audit re-bases the mark."""
+def test_a_step_at_the_first_boundary_is_absorbed_by_the_start_up_audit() -> None:
+    """Optimizer state made at the first step: the start-up check audits that boundary, and every audit
+    re-bases the mark."""
     figures = recorded("pp-last-stage")
     figures = [v + (0 if b == 1 else 64 * MiB) for b, v in enumerate(figures, start=1)]
-    assert watch(cpu(figures)).requests == []
-    # Without the backstop the trigger alone sees the step once, and backs off once.
-    alone = watch(cpu(figures), backstop=())
-    assert alone.boundaries("grew") == [3] and alone.trigger.backoffs == 1
+    assert watch(cpu(figures), startup=(1, 2)).requests == []
+    # Without it the trigger alone sees the step once, and backs off once.
+    alone = watch(cpu(figures), startup=())
+    assert alone.boundaries() == [3] and alone.trigger.backoffs == 1
 
 
 def test_a_ramp_slower_than_floor_over_window_never_asks() -> None:
@@ -193,7 +190,7 @@ def test_a_warm_up_ramp_costs_a_few_episodes_not_a_storm(per_step: int) -> None:
     figures = recorded("megatron-gpt")
     figures = [v + min(max(0, b - 100), 200) * per_step for b, v in enumerate(figures, start=1)]
     outcome = watch(cpu(figures))
-    grew = outcome.boundaries("grew")
+    grew = outcome.boundaries()
     # each episode doubles the threshold; none once it exceeds what the ramp adds over a window
     assert 1 <= len(grew) <= math.log2(64 * per_step / (256 * KiB)) + 2
     assert all(b <= 320 for b in grew)  # nothing once the ramp has ended
@@ -206,27 +203,11 @@ def test_a_warm_up_ramp_costs_a_few_episodes_not_a_storm(per_step: int) -> None:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-@pytest.mark.parametrize("holder, reported_by", [("state", 503), ("frame", 504)])
-def test_a_leak_of_256_kib_per_step_from_step_500_is_reported_within_five_boundaries(
-    scenario: str, holder: str, reported_by: int
-) -> None:
-    outcome = watch(cpu(leaking(recorded(scenario), 500)), leak_start=500, holder=holder)
+def test_a_leak_of_256_kib_per_step_from_step_500_is_reported_within_four_boundaries(scenario: str) -> None:
+    outcome = watch(cpu(leaking(recorded(scenario), 500)), leak_start=500)
     assert outcome.boundaries()[0] in (501, 502)
-    assert outcome.requests[0][1].reason == "grew" and outcome.requests[0][1].devices == ("cpu",)
-    assert outcome.reported is not None and outcome.reported <= reported_by
-
-
-def test_a_leak_reported_at_the_first_confirmation_is_not_confirmed_again() -> None:
-    outcome = watch(cpu(leaking(recorded("pp-last-stage"), 500)), leak_start=500, holder="state")
-    assert [(b, r.reason) for b, r in outcome.requests[:2]] == [(501, "grew"), (502, "confirm")]
-    assert outcome.reported == 502
-    assert outcome.requests[2][0] >= 504  # the next episode starts afresh: two boundaries above a new mark
-
-
-def test_a_frame_held_leak_gets_the_second_confirmation_because_memory_still_rises() -> None:
-    outcome = watch(cpu(leaking(recorded("pp-last-stage"), 500)), leak_start=500, holder="frame")
-    assert [(b, r.reason) for b, r in outcome.requests[:3]] == [(501, "grew"), (502, "confirm"), (503, "confirm")]
-    assert outcome.reported == 503
+    assert outcome.requests[0][1].devices == ("cpu",)
+    assert outcome.reported is not None and outcome.reported <= 504
 
 
 def test_a_persisting_leak_in_warn_mode_backs_off_and_falls_silent() -> None:
@@ -234,7 +215,7 @@ def test_a_persisting_leak_in_warn_mode_backs_off_and_falls_silent() -> None:
     the gaps between episodes grow, and once the threshold exceeds what the leak adds over a window the
     trigger leaves it to the backstop."""
     outcome = watch(cpu(leaking(recorded("lora-checkpoint"), 500)), leak_start=500)
-    grew = outcome.boundaries("grew")
+    grew = outcome.boundaries()
     gaps = [b - a for a, b in zip(grew, grew[1:])]
     assert gaps[1:] == sorted(gaps[1:]) and gaps[-1] >= 8 * gaps[1]
     assert len(outcome.requests) <= 25
@@ -245,7 +226,7 @@ def test_a_persisting_leak_in_warn_mode_backs_off_and_falls_silent() -> None:
 def test_without_back_off_a_persisting_leak_keeps_asking() -> None:
     settings = TriggerSettings(backoff=1)
     outcome = watch(cpu(leaking(recorded("lora-checkpoint"), 500)), leak_start=500, settings=settings)
-    assert len(outcome.boundaries("grew")) > 300
+    assert len(outcome.boundaries()) > 300
 
 
 def test_the_threshold_grows_with_the_level() -> None:
@@ -255,7 +236,7 @@ def test_the_threshold_grows_with_the_level() -> None:
     outcome = watch([{"cuda:0": v} for v in figures])
     assert outcome.trigger.thresholds()["cuda:0"] >= 60 * MiB
     b, request = outcome.requests[0]
-    assert (b, request.reason, request.threshold["cuda:0"]) == (103, "grew", 60 * MiB)
+    assert (b, request.threshold["cuda:0"]) == (103, 60 * MiB)
 
 
 def test_several_devices_are_judged_apart_and_only_the_one_that_grew_backs_off() -> None:
@@ -269,7 +250,7 @@ def test_several_devices_are_judged_apart_and_only_the_one_that_grew_backs_off()
         series.append(readings)
     outcome = watch(series, leak_start=501)
     first_b, first = outcome.requests[0]
-    assert first.devices == ("cuda:1",) and first_b in (502, 503)
+    assert first.devices == ("cuda:1",) and first_b in (501, 502, 503)
     assert outcome.reported is not None and outcome.reported <= first_b + 2
     thresholds = outcome.trigger.thresholds()
     assert thresholds["cpu"] == 256 * KiB and 8 * MiB <= thresholds["cuda:0"] < 8 * MiB + 4 * KiB  # not backed off
@@ -277,34 +258,24 @@ def test_several_devices_are_judged_apart_and_only_the_one_that_grew_backs_off()
     assert all(r.devices == ("cuda:1",) for _, r in outcome.requests)
 
 
-def test_confirmations_stop_at_the_first_audit_that_found_something_new() -> None:
+def test_an_audit_that_found_something_new_does_not_back_off_and_a_declined_request_neither() -> None:
     trigger = Trigger()
     for _ in range(10):
         assert trigger.observe({"cpu": 100 * MiB}) is None
     assert trigger.observe({"cpu": 101 * MiB}) is None
-    request = trigger.observe({"cpu": 102 * MiB})
-    assert request is not None and request.reason == "grew"
-    trigger.audited(False)
-    request = trigger.observe({"cpu": 103 * MiB})
-    assert request is not None and request.reason == "confirm"
+    assert trigger.observe({"cpu": 102 * MiB}) is not None
     trigger.audited(True)
-    assert trigger.observe({"cpu": 104 * MiB}) is None
-    assert trigger.backoffs == 0 and trigger.requests == {"grew": 1, "confirm": 1}
-
-
-def test_a_second_confirmation_is_asked_for_when_the_figure_was_not_read() -> None:
-    """A reader over its time budget returns ``{}``: not knowing whether memory still rises, confirm."""
-    trigger = Trigger()
-    for figure in (100, 100, 101, 102):
-        request = trigger.observe({"cpu": figure * MiB})
-    assert request is not None and request.reason == "grew"
+    assert trigger.observe({"cpu": 102 * MiB}) is None
+    assert trigger.backoffs == 0 and trigger.requests == 1
+    trigger.observe({"cpu": 103 * MiB})
+    assert trigger.observe({"cpu": 104 * MiB}) is not None
+    trigger.declined()  # the caller's budget: no audit ran
+    assert trigger.requests == 1
+    assert trigger.observe({"cpu": 105 * MiB}) is not None  # still above: asked again
     trigger.audited(False)
-    assert trigger.observe({"cpu": 102 * MiB}) is not None  # the first confirmation
-    trigger.audited(False)
-    request = trigger.observe({})
-    assert request is not None and request.reason == "confirm"
-    trigger.audited(False)
-    assert trigger.observe({"cpu": 102 * MiB}) is None and trigger.backoffs == 1
+    assert trigger.observe({"cpu": 105 * MiB}) is None
+    assert trigger.observe({"cpu": 105 * MiB}) is None
+    assert trigger.backoffs == 1 and trigger.thresholds()["cpu"] == 512 * KiB
 
 
 def test_a_request_says_what_grew_by_how_much() -> None:
@@ -314,6 +285,11 @@ def test_a_request_says_what_grew_by_how_much() -> None:
     request = trigger.observe({"cpu": 102 * MiB})
     assert request is not None
     assert str(request) == "memory grew: cpu +2.0 MiB over its low-water mark (threshold 256.0 KiB)"
-    trigger.audited(False)
-    confirm = trigger.observe({"cpu": 102 * MiB})
-    assert str(confirm).startswith("confirming the audit memory asked for (cpu +")
+
+
+def test_a_count_rule_asks_at_a_rise_of_one() -> None:
+    """The parameters' reference count (:mod:`gradguard._graph.held`): floor 1, no fraction, one boundary."""
+    trigger = Trigger(TriggerSettings(floor=1, fraction=0.0, boundaries=1))
+    for _ in range(5):
+        assert trigger.observe({"held": 7}) is None
+    assert trigger.observe({"held": 8}) is not None

@@ -46,7 +46,7 @@ from .ownership import library_of_module
 from .paths import MODULE_STATE, Edge, Path, class_dict, instance_dict, is_a, module_dict, read_ref, sequence_items
 from .roots import NamedRoot, live_roots
 
-__all__ = ["find_paths", "live_graph_tensors", "own_code", "running_thread"]
+__all__ = ["find_paths", "live_graph_tensors", "own_code", "promotions", "running_thread"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(sys.modules[__name__.partition(".")[0]].__file__ or "")) + os.sep
 _REVERSE_LEVELS = 32  # past this many levels up, one forward sweep from the roots finds the rest (see _Search.run)
@@ -65,7 +65,12 @@ _HEAP_ROOTS = ("named", "global")  # roots that hold a target for good, by prefe
 # --------------------------------------------------------------------------------------------------
 
 
-def live_graph_tensors(exclude_ids: set[int], optimizers: list[Any] | None = None) -> list[torch.Tensor]:
+def live_graph_tensors(
+    exclude_ids: set[int],
+    optimizers: list[Any] | None = None,
+    young: bool = False,
+    views: list[Any] | None = None,
+) -> list[torch.Tensor]:
     """Every live tensor (subclasses included) that carries ``grad_fn``, in one ``gc.get_objects()`` pass.
 
     Never an ``nn.Parameter`` (a leaf holds no graph) or a view of one (a tied decoder weight,
@@ -75,10 +80,12 @@ def live_graph_tensors(exclude_ids: set[int], optimizers: list[Any] | None = Non
     outside its transform) is skipped. Objects are told apart by their exact type (against every
     tensor subclass defined now), never through ``__class__``, so a proxy that claims to be a tensor
     is not one. ``optimizers``, when given, receives every live ``torch.optim.Optimizer``, found in
-    the same pass.
+    the same pass. ``young``: only the objects of the collector's two young generations (what was
+    made since their last promotion to the oldest one: see :func:`promotions`). ``views``, when given,
+    receives the ``grad_fn`` of every view of a parameter (the model's own nodes, alive as long as it is).
     """
     kinds = _tensor_types()
-    objects = gc.get_objects()
+    objects = gc.get_objects(0) + gc.get_objects(1) if young else gc.get_objects()
     types_ = list(map(type, objects))
     tensors = list(itertools.compress(objects, map(kinds.__contains__, types_)))
     if optimizers is not None:
@@ -90,12 +97,24 @@ def live_graph_tensors(exclude_ids: set[int], optimizers: list[Any] | None = Non
         if id(t) in exclude_ids:
             continue
         try:
-            if t.grad_fn is None or is_a(t._base, nn.Parameter):
+            node = t.grad_fn
+            if node is None:
+                continue
+            if is_a(t._base, nn.Parameter):
+                if views is not None:
+                    views.append(node)
                 continue
         except Exception:  # noqa: BLE001 - a subclass whose grad_fn raises outside its mode holds nothing we can name
             continue
         found.append(t)
     return found
+
+
+def promotions() -> tuple[int, int]:
+    """How many collections of the middle and the oldest generation ran so far: while it does not change,
+    every object made since is still in one of the two young generations."""
+    stats = gc.get_stats()
+    return stats[1]["collections"], stats[2]["collections"]
 
 
 def _subclasses(base: type) -> frozenset[type]:

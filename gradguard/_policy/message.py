@@ -7,9 +7,12 @@ never forge a line of a message or of the stats table.
 
 from __future__ import annotations
 
-from .._tree.walk import GraphRecord
+from typing import TYPE_CHECKING
 
-__all__ = ["display", "human", "retention"]
+if TYPE_CHECKING:  # for the annotation only: the launcher's summary uses this module without torch
+    from .._tree.walk import GraphRecord
+
+__all__ = ["display", "human", "plural", "retention"]
 
 _SHOWN = 8
 
@@ -37,6 +40,15 @@ def human(n: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{n} B"
+
+
+def plural(n: int, word: str) -> str:
+    """``1 step boundary``, ``3 step boundaries``, ``2 holders``, ``2 processes``."""
+    if n == 1:
+        return f"{n} {word}"
+    if word.endswith("y") and word[-2:-1] not in "aeiou":
+        return f"{n} {word[:-1]}ies"
+    return f"{n} {word}es" if word.endswith(("s", "x", "ch", "sh")) else f"{n} {word}s"
 
 
 def retention(store: str, site: str, graphs: list[GraphRecord], estimate: int, outcome: str) -> str:

@@ -168,6 +168,8 @@ class AllocatedReader:
         self._costs: collections.deque[float] = collections.deque(maxlen=_COSTS_KEPT)
         self._last: float | None = None
         self.skipped = 0
+        self.seconds = 0.0
+        """Wall time the readings took (with a ``share``)."""
         self.cpu_source: CpuSource | None = None
         self._cpu: Callable[[], int] | None = None
         if cpu in ("auto", "mallinfo2"):
@@ -184,15 +186,18 @@ class AllocatedReader:
         self._readings = 0
 
     def __call__(self) -> dict[str, int]:
-        if self.share is None:
-            return self._read()
         now = self._clock()
+        if self.share is None:
+            out = self._read()
+            self.seconds += self._clock() - now
+            return out
         if self._last is not None and min(self._costs) > self.share * (now - self._last):
             self.skipped += 1
             return {}
         out = self._read()
         self._last = self._clock()
         self._costs.append(self._last - now)
+        self.seconds += self._last - now
         return out
 
     def _read(self) -> dict[str, int]:
@@ -212,6 +217,11 @@ class AllocatedReader:
         }[self.cpu_source]
         cuda = "cuda: allocated bytes of each device in use" if self.cuda else "cuda: not read"
         return f"{cpu}; {cuda}"
+
+    def short(self) -> str:
+        """What the figures are, in a few words."""
+        cpu = {"mallinfo2": "glibc's in-use bytes", "statm": "the resident set", None: ""}[self.cpu_source]
+        return " and ".join(part for part in (cpu, "CUDA's allocated bytes" if self.cuda else "") if part)
 
     def _read_cuda(self, out: dict[str, int]) -> None:
         torch = self._torch or sys.modules.get("torch")

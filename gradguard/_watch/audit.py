@@ -319,12 +319,14 @@ def scan_tensors(
     exclude: set[int],
     liveness: Liveness | None = None,
     known: dict[int, Path] | None = None,
+    untraced_out: list[torch.Tensor] | None = None,
 ) -> tuple[list[Finding], int]:
     """:func:`scan` of the given graph tensors (``live_graph_tensors``' result): the findings, most
     pinned bytes first, and how many of the tensors no root reaches. Call it holding
     :data:`scan_lock`; ``liveness``, when given, is the audit's (its held nodes are these tensors').
     ``known``: live paths already found for some of them (by id): the heap is searched only for the
-    others, and not at all when there are none."""
+    others, and not at all when there are none. ``untraced_out``, when given, receives the tensors no
+    root reaches."""
     if not tensors:
         return [], 0
     known = known or {}
@@ -365,8 +367,10 @@ def scan_tensors(
         findings.append(Finding(retention, retention.holder, group, group_paths, thread))
     findings.sort(key=lambda f: -(f.retention.pinned_bytes + f.retention.node_bytes))  # stable: ties keep the order
     # saved for backward by a graph found (torch keeps the Python object of a saved tensor): not lost
-    untraced = sum(1 for t in lost if id(t) not in inside)
-    return findings, untraced
+    untraced = [t for t in lost if id(t) not in inside]
+    if untraced_out is not None:
+        untraced_out.extend(untraced)
+    return findings, len(untraced)
 
 
 def _retention(

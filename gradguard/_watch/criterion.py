@@ -1,166 +1,96 @@
-"""The watch's leak criterion: which of the graphs alive at a step boundary are leaks.
+"""The watch's leak criterion: which holders of the graphs alive at a step boundary leak, which are bounded.
 
-Age
-    A graph is old at a boundary of a *source* (one optimizer, in one thread) when one of its autograd
-    nodes was already alive at that source's previous audited boundary. torch's autograd nodes take
-    no weak reference and their Python objects come and go, so a node is recognised by its
-    ``metadata`` dict, which lives exactly as long as the node: holding the dict cannot be confused
-    with another node, and keeps no tensor alive.
-
-Grace
-    A graph held only by a *variable* — a frame's local, or a module-level variable of the program
-    being run (``__main__``: a script, ``python -c``, ``-m``, a notebook), directly or through items
-    (``loss``, ``out[0]``, ``HISTORY[3]['loss']``) — is a leak only once it has survived two
-    boundaries: ``loss = train_step(batch)`` keeps the previous step's loss while the next step runs.
-    Object state (an attribute on the way) gets none.
-
-Whose boundaries
-    A graph is judged only at boundaries of optimizers that update a parameter it reaches: a WGAN
-    critic's steps, or an inner loop's auxiliary optimizer, do not age the generator's or the
-    encoder's forward (nor the outer loop's previous ``loss``, still a variable while the inner
-    steps run). A graph that reaches no parameter of any live optimizer is judged at every boundary,
-    and so is every graph at a boundary of no optimizer (a direct :meth:`Watcher.boundary` call).
-    (The live optimizers are those that stepped under the watch and those its audits found in the
-    heap, looked for at the first audit and then every ``OPTIMIZER_RESCAN`` seconds.)
-
-Threads
-    A graph that only another thread's frames hold is judged by that thread's boundaries (it may be
-    mid-forward).
+A graph's age comes from its stamps (:mod:`gradguard._graph.stamps`): the earliest epoch of a stamp
+in it, or, when a later backward started from its root again, that backward's (it is in use). It
+has *survived* the boundaries of the judging optimizer made since then. A holder **leaks** when one
+of its graphs survived two of them, or when it is a sequence (or a dict keyed by step) that holds
+graphs of different steps, one of which survived a boundary: both grow. A holder whose one
+graph survived exactly one boundary (``self.last_loss = loss`` after ``optimizer.step()``) is
+**bounded**: listed with what it pins, never acted on. The rule does not depend on where the
+assignment sits; plain variables are not listed as bounded (``loss = train_step(batch)`` keeps the
+previous step's loss while the next one runs). Which optimizers' boundaries count, other threads'
+frames, and graphs old only through another holder: ``docs/guide/finding-leaks.md``.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
 
 import torch
 
 from .._graph.liveness import Liveness
+from .._graph.stamps import Ledger, oldest_below
 from .._heap.paths import Path
 from .audit import Finding
 
-__all__ = ["Age", "Leak", "Source", "judge", "variable"]
+__all__ = ["Age", "Clock", "Leak", "Verdicts", "ages", "judge", "variable"]
 
-_NO_SEQUENCE = 2**64 - 1  # AccumulateGrad and a few others: never recorded, never looked up
-_GRACE = 1  # boundaries a variable may keep a graph: `loss = train_step(batch)`'s previous result
-
-
-class _Mark:
-    """A node seen at an audited boundary: its ``metadata`` dict (held: the dict's identity is the
-    node's while it lives), and the boundary at which its graph was first seen."""
-
-    __slots__ = ("metadata", "born")
-
-    def __init__(self, metadata: dict[Any, Any], born: int) -> None:
-        self.metadata, self.born = metadata, born
+_KEPT = 4096  # boundaries remembered per optimizer: enough to count a graph's survival up to there
 
 
-_Marks = dict[tuple[int, type], list[_Mark]]
+class Clock:
+    """One thread's step boundaries: their count (the *epoch* a stamp is placed at), and, per source
+    (an optimizer, or direct :meth:`Watcher.boundary` calls), at which of them it stepped."""
 
-
-def _key(node: Any) -> tuple[int, type] | None:
-    try:
-        sequence = node._sequence_nr()
-    except (AttributeError, RuntimeError, TypeError):
-        return None
-    return None if sequence == _NO_SEQUENCE else (sequence, type(node))
-
-
-def _metadata(node: Any) -> dict[Any, Any] | None:
-    try:
-        metadata = node.metadata
-    except (AttributeError, RuntimeError):
-        return None
-    return metadata if type(metadata) is dict else None
-
-
-class Source:
-    """The boundaries of one optimizer (or of direct :meth:`Watcher.boundary` calls) in one thread:
-    their count, and the nodes recorded at the last audited one."""
-
-    __slots__ = ("boundaries", "marks", "previous")
+    __slots__ = ("boundaries", "sources")
 
     def __init__(self) -> None:
         self.boundaries = 0
-        self.marks: _Marks = {}
-        self.previous: _Marks = {}  # the marks the last age() compared with
+        self.sources: collections.OrderedDict[Hashable, collections.deque[int]] = collections.OrderedDict()
 
-    def age(self, tensors: Iterable[torch.Tensor]) -> dict[int, Age]:
-        """For each tensor (by id) whose graph was alive at this source's last audited boundary, its
-        :class:`Age`; and record every graph seen now."""
-        born_at: dict[int, Age] = {}
-        marks: _Marks = {}
-        clean: set[Any] = set()
+    def tick(self, source: Hashable) -> int:
+        """A boundary of ``source``: its number in the thread, from 1."""
+        self.boundaries += 1
+        steps = self.sources.get(source)
+        if steps is None:
+            steps = self.sources[source] = collections.deque(maxlen=_KEPT)
+            while len(self.sources) > 16:  # the optimizers stepped least recently are forgotten first
+                self.sources.popitem(last=False)
+        else:
+            self.sources.move_to_end(source)
+        steps.append(self.boundaries)
+        return self.boundaries
+
+    def survived(self, source: Hashable, epoch: int) -> int:
+        """Boundaries of ``source`` a graph stamped at ``epoch`` has lived through, the current one not
+        counted (a stamp at epoch ``e`` was placed after boundary ``e``)."""
+        steps = self.sources.get(source)
+        if not steps:
+            return 0
         now = self.boundaries
-        for tensor in tensors:
-            node = tensor.grad_fn
-            if node is None:
-                continue
-            found = _born(node, self.marks, clean)
-            _record(marks, node, now if found is None else found.born)
-            if found is not None:
-                born_at[id(tensor)] = found
-        self.previous, self.marks = self.marks, marks
-        return born_at
-
-    def own_age(self, root: Any, others: set[Any]) -> Age | None:
-        """The age of the graph from ``root`` without going into ``others`` (other held tensors' old
-        nodes), against the marks of the last audited boundary before the current one."""
-        return _born(root, self.previous, set(), stop=others)
+        later = len(steps) - bisect.bisect_right(steps, epoch)
+        return later - (1 if steps[-1] == now else 0)
 
 
 class Age(NamedTuple):
-    """When a graph was first seen, and whether its own root was (else: an older node inside it)."""
+    """A held graph's earliest stamp epoch, and whether that stamp is its root's own."""
 
     born: int
     own: bool
 
 
-def _born(root: Any, marks: _Marks, clean: set[Any], stop: set[Any] | None = None) -> Age | None:
-    """When the oldest recorded node nearest to ``root`` was first seen, or ``None``: a new graph.
-
-    Breadth first, so the nearest recorded node answers. ``clean`` holds nodes whose whole graph
-    below was walked at this boundary and holds no recorded node: they are not walked again. The
-    walk does not go into the nodes in ``stop``.
-    """
-    if not marks:
-        return None
-    seen: set[Any] = set()
-    queue = collections.deque([root])
-    while queue:
-        node = queue.popleft()
-        if node in seen or node in clean or (stop and node in stop):
+def ages(tensors: Sequence[torch.Tensor], ledger: Ledger, model: set[Any] | None = None) -> dict[int, Age]:
+    """For each tensor (by id) whose graph holds a stamp of ``ledger``, its :class:`Age`. The walks do not
+    go into ``model``'s nodes (views of parameters: they live as long as the model, in every step's graph)."""
+    roots = [t.grad_fn for t in tensors]
+    low = oldest_below(roots, ledger, stop=model)
+    found: dict[int, Age] = {}
+    for t, root in zip(tensors, roots):
+        born = low.get(root)
+        if born is None:
             continue
-        seen.add(node)
-        candidates = marks.get(_key(node))  # type: ignore[arg-type]
-        if candidates:
-            metadata = _metadata(node)
-            for mark in candidates:
-                if mark.metadata is metadata:
-                    return Age(mark.born, node is root)
-        queue.extend(child for child, _ in node.next_functions if child is not None)
-    if not stop:
-        clean.update(seen)
-    return None
-
-
-def _record(marks: _Marks, node: Any, born: int) -> None:
-    key = _key(node)
-    if key is None:
-        return
-    metadata = _metadata(node)
-    if metadata is None or "parent_" in metadata:  # anomaly mode's parent node: holding it would pin it
-        return
-    entries = marks.setdefault(key, [])
-    for mark in entries:
-        if mark.metadata is metadata:
-            mark.born = min(mark.born, born)
-            return
-    entries.append(_Mark(metadata, born))
+        stamp = ledger.stamp(root)
+        if stamp is not None and stamp.used:  # backwarded again since: the whole graph is in use now
+            found[id(t)] = Age(stamp.epoch, True)
+        else:
+            found[id(t)] = Age(born, stamp is not None and stamp.epoch == born)
+    return found
 
 
 def _other_threads_frames() -> set[int]:
@@ -187,8 +117,8 @@ def variable(path: Path) -> bool:
 
 
 class Leak(NamedTuple):
-    """A leaking holder: the finding, the indices of its leaking tensors, the boundaries the oldest
-    survived, and for each leaking tensor whether its graph can still be backwarded."""
+    """A leaking holder: the finding, the indices of its tensors that outlived a boundary, the most
+    boundaries one survived, and for each of those tensors whether its graph can still be backwarded."""
 
     finding: Finding
     leaking: list[int]
@@ -196,17 +126,27 @@ class Leak(NamedTuple):
     alive: list[bool]
 
 
+class Verdicts(NamedTuple):
+    """What :func:`judge` decided: the leaks, and the bounded holders (one step's graph, kept one boundary)."""
+
+    leaks: list[Leak]
+    bounded: list[Leak]
+
+
 def judge(
     findings: list[Finding],
     born_at: dict[int, Age],
-    source: Source,
+    survived: Callable[[int], int],
+    own_age: Callable[[Any, set[Any]], int | None],
     liveness: Liveness,
     params: Callable[[], tuple[frozenset[int], frozenset[int]]] | None,
-) -> list[Leak]:
-    """The leaking holders among ``findings`` at the current boundary of ``source``, whose graphs
-    were first seen as ``born_at`` says (by tensor id, from :meth:`Source.age`). ``params`` gives the
-    ids of the parameters the source's optimizer updates and of those every live optimizer updates
-    (``None``: a boundary of no optimizer, which judges every graph).
+) -> Verdicts:
+    """The leaking and the bounded holders among ``findings`` at the current boundary.
+
+    ``born_at``: :func:`ages`. ``survived(epoch)``: the judging source's boundaries lived through.
+    ``own_age(root, others)``: the earliest stamp epoch in ``root``'s graph not counting the graphs
+    of ``others``. ``params`` gives the ids of the parameters the judging optimizer updates and of
+    those every live optimizer updates (``None``: a boundary of no optimizer, which judges every graph).
 
     A new tensor whose graph is old only through another old tensor the program holds (``loss =
     out + self.ema``, where ``self.ema`` keeps last step's graph) is that tensor's leak, not its
@@ -214,35 +154,49 @@ def judge(
     keeps each loss) is its own.
     """
     others = _other_threads_frames()
-    now = source.boundaries
     held_old = {t.grad_fn for f in findings for t in f.tensors if id(t) in born_at}
     updated: tuple[frozenset[int], frozenset[int]] | None = None
-    leaks: list[Leak] = []
+    verdicts = Verdicts([], [])
     for finding in findings:
-        leaking: list[int] = []
+        kept: list[int] = []
         alive: list[bool] = []
-        oldest = now
+        most = 0
+        epochs: set[int] = set()
         for i, (tensor, path) in enumerate(zip(finding.tensors, finding.paths)):
             age = born_at.get(id(tensor))
             if age is None or (path and path[0].kind == "local" and id(path[0].owner) in others):
                 continue  # a new graph; or another thread's frame: that thread's boundaries judge it
+            born = age.born
             if not age.own:
                 root = tensor.grad_fn
-                age = source.own_age(root, held_old - {root})  # type: ignore[assignment]
-                if age is None:
+                own = own_age(root, held_old - {root})
+                if own is None:
                     continue  # old only through another holder's tensor: that holder's leak
-            if now - age.born <= (_GRACE if variable(path) else 0):
+                born = own
+            epochs.add(born)
+            lived = survived(born)
+            if lived < 1:
                 continue
             state = liveness.state(tensor.grad_fn)
             if params is not None:
                 if updated is None:
                     updated = params()
-                own, known = updated
-                if own.isdisjoint(state.leaves) and not known.isdisjoint(state.leaves):
+                own_params, known = updated
+                if own_params.isdisjoint(state.leaves) and not known.isdisjoint(state.leaves):
                     continue  # this optimizer does not train through it; another one does
-            leaking.append(i)
+            kept.append(i)
             alive.append(state.alive)
-            oldest = min(oldest, age.born)
-        if leaking:
-            leaks.append(Leak(finding, leaking, now - oldest, alive))
-    return leaks
+            most = max(most, lived)
+        if not kept:
+            continue
+        leak = Leak(finding, kept, most, alive)
+        if most >= 2 or (len(epochs) > 1 and _grows(finding)):
+            verdicts.leaks.append(leak)
+        elif not all(variable(finding.paths[i]) for i in kept):
+            verdicts.bounded.append(leak)
+    return verdicts
+
+
+def _grows(finding: Finding) -> bool:
+    """Whether the holder keeps one record per step: a sequence, or a dict keyed by step (``[*]``)."""
+    return "[*]" in finding.key or "*'" in finding.key

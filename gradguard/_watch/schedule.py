@@ -1,74 +1,83 @@
-"""When the watch audits: the schedule of one thread's step boundaries.
+"""When the watch audits: one thread's step boundaries, their signals, and what an audit may cost.
 
-An audit searches the whole heap: on a CPU it costs as much as one or several steps of a small
-model (``benchmarks/results/watch-cpu.md``), so the watch cannot audit every step of a run it is left
-on. What it can afford at every step is a look at the memory figure.
-
-``every=N``
-    Every ``N``-th boundary of the thread (``every=1`` for tests and for hunting a leak).
-
-``every="auto"`` with a memory figure (the default where one can be read)
-    At every boundary the thread reads the bytes in use per device (:mod:`gradguard._watch.allocated`:
-    CUDA's allocated bytes, glibc's in-use bytes on CPU), as long as the readings take at most
-    :data:`READ_SHARE` of the wall time, and audits when the memory trigger asks for it
-    (:mod:`gradguard._watch.trigger`: the figure rose past its low-water mark by more than a threshold in
-    two readings in a row, and the confirming audits after that): a leak that starts at any step
-    is audited within a couple of boundaries of its start (more where the readings are spread out)
-    and reported at the next. Once a leak was
-    found, the trigger's audits are held within :data:`TRIGGER_SHARE` of the wall time (a leak that
-    ``detach`` releases and the program makes again is then audited as often as that affords). Behind it, a
-    backstop on time: a boundary is also audited when the audits so far, plus one more as long as
-    the last one, stay within :data:`BACKSTOP_SHARE` of the wall time since the thread's first
-    boundary, for leaks too slow to move the figure (under ``floor / window`` bytes per step).
-
-``every="auto"`` without a memory figure (``memory=False``, or no figure on this platform)
-    The thread's first two boundaries (a leak from the first step shows at the second), then a
-    boundary whenever the audits so far, plus two more as long as the last one, stay within
-    :data:`AUTO_SHARE` of the wall time since the first boundary.
+Pure logic: the caller reads the constant-time signals (:class:`Signals`), gives each boundary's
+time, and reports each audit's outcome; the memory figure is read here, through an injectable reader.
+The design and the figures behind the constants: ``docs/how-it-works.md``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 from .allocated import AllocatedReader
-from .trigger import RESIDENT_FLOOR, Request, Trigger, TriggerSettings
+from .trigger import RESIDENT_FLOOR, Trigger, TriggerSettings
 
-__all__ = ["AUTO_SHARE", "BACKSTOP_SHARE", "FIRST_COST", "READ_SHARE", "TRIGGER_SHARE", "Reason", "Schedule"]
+__all__ = [
+    "BACKSTOP_SHARE",
+    "FIRST_COST",
+    "IDLE_SHARE",
+    "OLD",
+    "OLD_HUNTING",
+    "READ_SHARE",
+    "REPEAT_SHARE",
+    "STARTUP",
+    "Reason",
+    "Schedule",
+]
 
-AUTO_SHARE = 0.01
-"""Without a memory figure: the most of a thread's wall time since its first boundary its audits may take."""
+STARTUP = 1
+"""The start-up check: the first boundaries of a thread are audited whatever the signals say. The audit
+stamps every graph alive, so a graph kept from the first step, of any shape, is old, and judged, at the
+third boundary."""
+
+OLD = 3
+"""A stamp placed ``OLD`` or more boundaries before the current one, still alive, has lived through two:
+the criterion's age for a leak, read in constant time."""
+
+OLD_HUNTING = 2
+"""With ``every=N``, a stamp that lived through one boundary already asks for an audit: a list that
+keeps one record per step is a leak at its second record."""
+
+IDLE_SHARE = 0.001
+"""After the start-up check: the most of the thread's wall time that audits finding nothing new may take
+(audits a signal asked for, when the one before found nothing new either)."""
+
+REPEAT_SHARE = 0.01
+"""The most of the wall time that audits finding only leaks already reported may take (``warn`` or
+``detach`` while the program keeps leaking)."""
 
 BACKSTOP_SHARE = 0.0005
-"""With a memory figure: the most of the wall time the backstop's audits may take (the trigger's
-audits are not counted against it: a leak is worth them)."""
+"""The most of the wall time the backstop's audits may take, asked for by no signal: for graphs no
+signal sees (a record below a backward's root, an activation kept with no parameter saved)."""
 
-TRIGGER_SHARE = 0.05
-"""The most of the wall time the trigger's audits may take once a leak was found: a leak the repair
-releases again and again (``detach`` mode, while the program keeps leaking) is audited as often as
-this affords, which keeps its memory bounded without slowing every step."""
-
-READ_SHARE = 0.0015
-"""The most of the wall time the memory readings may take: a step long enough is read at every
-boundary; a reading that got expensive (a fragmented heap) is spread out instead of slowing steps."""
+READ_SHARE = 0.0005
+"""The most of the wall time the memory readings may take."""
 
 FIRST_COST = 0.25
 """Seconds an audit is assumed to take before the thread timed one: the backstop's first audit waits
-until :data:`BACKSTOP_SHARE` of the wall time affords that much. It is set above what an audit of a
-training process's heap costs (``benchmarks/results/watch-cpu.md``), so that the first audit, whose
-cost is not known before it runs, does not take the backstop past its share; an audit of a heap
-larger than that can still overrun it once, and the next waits for the share to catch up."""
+until :data:`BACKSTOP_SHARE` of the wall time affords that much."""
+
+_RETRY_CAP = 1024  # boundaries between two looks for old graphs no holder was found for, at most
+_HELD = TriggerSettings(floor=1, fraction=0.0, window=64, boundaries=1, backoff=2.0)
 
 Every = int | Literal["auto"]
-Reason = Literal["every", "first", "time", "memory"]
+Reason = Literal["start", "old", "held", "retry", "memory", "time"]
 
 
 class Schedule:
-    """One thread's schedule (see the module documentation). ``memory``: the trigger's settings, or
-    ``None`` for no memory figure; ``reader`` builds the figure's reader (given for tests)."""
+    """One thread's schedule.
+
+    Args:
+        every: ``"auto"``, or a positive ``int`` (hunting: the signals of every ``every``-th boundary
+            are acted on at once, whatever they cost; after the start-up check no audit is made
+            without a signal).
+        memory: The memory trigger's settings, or ``None`` for no memory figure.
+        reader: Builds the memory figure's reader (tests inject one).
+        clock: The clock, in seconds (tests inject one).
+    """
 
     def __init__(
         self,
@@ -78,69 +87,153 @@ class Schedule:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.every = every
-        self.boundaries = 0
-        self.started = 0.0
-        self.spent = 0.0  # seconds the audits took
-        self.triggered = 0.0  # of which the trigger's, once a leak was found
-        self.repeat_cost = 0.0  # the last of those
-        self.found = False  # an audit of this thread found a leak
-        self.read_seconds = 0.0  # seconds the memory readings took
+        self.old = OLD if every == "auto" else OLD_HUNTING
+        """How many boundaries back a stamp alive asks for an audit."""
+        self.started: float | None = None
+        self.spent = 0.0  # seconds all audits took
+        self.charged = 0.0  # of which after the start-up check, finding nothing new
+        self.repeated = 0.0  # of which finding only leaks already reported
+        self.backstop = 0.0  # of which the backstop's
         self.last_cost = 0.0
-        self.request: Request | None = None  # what the trigger asked at the last boundary
+        self.old_streak = 0  # searches for old graphs in a row that left graphs the signal asks about again
+        self.repeating = False  # the last audit found only leaks already reported
+        self.retry_at: int | None = None  # the boundary to look again for old graphs no holder was found for
+        self._gap = 1
+        self.held = Trigger(_HELD)
         self._clock = clock
         self._reader: AllocatedReader | None = None
         self._trigger: Trigger | None = None
-        self._figure = False  # a figure was read: the trigger rules this thread's schedule
-        if every == "auto" and memory is not None:
-            made = (reader or (lambda: AllocatedReader(share=READ_SHARE, clock=clock)))()
+        if memory is not None:
+            share = None if every != "auto" else READ_SHARE
+            made = (reader or (lambda: AllocatedReader(cpu="statm", share=share, clock=clock)))()
             if made.cpu_source == "statm" and memory.floor < RESIDENT_FLOOR:
                 memory = dataclasses.replace(memory, floor=RESIDENT_FLOOR)
             self._reader, self._trigger = made, Trigger(memory)
-            self._figure = made.cpu_source is not None
+        self.readings: dict[str, int] = {}  # the last memory figure read
+        self.first_readings: dict[str, int] = {}  # the first one after the start-up check
 
     @property
     def trigger(self) -> Trigger | None:
         """The memory trigger, when this thread reads a memory figure."""
-        return self._trigger if self._figure else None
+        return self._trigger
 
     @property
     def reader(self) -> AllocatedReader | None:
         return self._reader
 
-    def boundary(self, now: float) -> Reason | None:
-        """This thread's next boundary, at ``now``: why to audit it, or ``None`` not to."""
-        if not self.boundaries:
-            self.started = now
-        self.boundaries += 1
-        if self.every != "auto":
-            return "every" if self.boundaries % self.every == 0 else None
-        elapsed = now - self.started
-        if self._trigger is not None:
-            assert self._reader is not None
-            before = self._clock()
-            readings = self._reader()
-            self.read_seconds += self._clock() - before
-            self._figure = self._figure or bool(readings)  # CUDA's figure appears once CUDA is in use
-            self.request = self._trigger.observe(readings)
-            if self.request is not None:
-                if not self.found or self.triggered + self.repeat_cost <= TRIGGER_SHARE * elapsed:
-                    return "memory"
-                self._trigger.declined()
-                self.request = None
-        if self._figure:
-            return "time" if self.spent + (self.last_cost or FIRST_COST) <= BACKSTOP_SHARE * elapsed else None
-        if self.boundaries <= 2:
-            return "first"
-        return "time" if self.spent + 2 * self.last_cost <= AUTO_SHARE * elapsed else None
+    @property
+    def read_seconds(self) -> float:
+        """Wall time this thread's memory readings took."""
+        return 0.0 if self._reader is None else self._reader.seconds
 
-    def audited(self, cost: float, new: bool, found: bool = False, reason: Reason | None = None) -> None:
-        """The audit of the last boundary (asked for by ``reason``) took ``cost`` seconds; ``new``: it
-        found a leak no earlier audit had reported, or released one; ``found``: it found any leak."""
+    def boundary(self, now: float, boundary: int, old: int | None, held: Mapping[str, int] | None) -> Reason | None:
+        """The thread's boundary number ``boundary`` (from 1), at ``now``: why to audit it, or ``None``.
+
+        Args:
+            now: The clock's time.
+            boundary: The boundary's number in the thread, from 1.
+            old: The earliest epoch of a counted stamp alive newer than the last audit's horizon, or ``None``.
+            held: The sampled parameters' reference count by name, when it changed (else ``None``).
+        """
+        if self.started is None:
+            self.started = now
+        elapsed = now - self.started
+        hunting = self.every != "auto"
+        if boundary > STARTUP and hunting and boundary % self.every:  # type: ignore[operator]
+            return None
+        asked = self.held.observe(held) if held else None
+        grew = self._read_memory(boundary)
+        reason: Reason | None = None
+        if boundary <= STARTUP:
+            reason = "start"
+        elif old is not None and old <= boundary - self.old:
+            reason = "old"
+        elif asked is not None:
+            reason = "held"
+        elif self.retry_at is not None and boundary >= self.retry_at:
+            reason = "retry"
+        elif grew:
+            reason = "memory"
+        if reason is not None and (reason in ("start", "retry") or hunting or self._affords(reason, elapsed)):
+            return reason
+        if asked is not None:
+            self.held.declined()
+        if grew and self._trigger is not None:
+            self._trigger.declined()
+        if not hunting and self.charged + self.backstop + (self.last_cost or FIRST_COST) <= BACKSTOP_SHARE * elapsed:
+            return "time"
+        return None
+
+    def audited(
+        self,
+        cost: float,
+        reason: Reason,
+        *,
+        new: bool,
+        found: bool,
+        unexplained: bool,
+        boundary: int,
+        pending: bool = False,
+    ) -> None:
+        """The audit of boundary ``boundary`` took ``cost`` seconds.
+
+        Args:
+            cost: Its wall time.
+            reason: Why it ran.
+            new: It found a leak no audit had reported.
+            found: It found any leak.
+            unexplained: Old graphs are still alive that it found no holder for (looked for again later,
+                less and less often).
+            boundary: The boundary's number.
+            pending: It left old graphs that may still become leaks (a variable one boundary short of it, a
+                graph another optimizer trains through): the constant-time signal keeps asking about them.
+        """
         self.spent += cost
         self.last_cost = cost
-        if reason == "memory" and self.found:  # finding the leak is free; going back for it again is not
-            self.triggered += cost
-            self.repeat_cost = cost
-        self.found = self.found or found
+        if reason == "start":
+            pass
+        elif new:
+            self.old_streak = 0
+        elif found:
+            self.repeated += cost
+        elif reason == "time":
+            self.backstop += cost
+        else:
+            self.charged += cost
+        if reason == "old" and not new:
+            # Only a search that leaves graphs the signal asks about again repeats itself.
+            self.old_streak = self.old_streak + 1 if pending else 0
+        self.repeating = found and not new
+        if unexplained:
+            self.retry_at = boundary + self._gap
+            self._gap = min(2 * self._gap, _RETRY_CAP)
+        else:
+            self.retry_at, self._gap = None, 1
+        if reason != "start" and not self.first_readings:
+            self.first_readings = dict(self.readings)
         if self._trigger is not None:
             self._trigger.audited(new)
+        self.held.audited(new)
+
+    def _affords(self, reason: Reason, elapsed: float) -> bool:
+        """Whether an audit a signal asked for fits the budgets (see the module constants). The
+        parameters' count backs off by itself (its threshold doubles after each audit that found
+        nothing new), and so do the looks for old graphs no holder was found for."""
+        cost = self.last_cost or FIRST_COST
+        if self.repeating:
+            return self.repeated + cost <= REPEAT_SHARE * elapsed
+        if reason == "memory" or (reason == "old" and self.old_streak):
+            return self.charged + cost <= IDLE_SHARE * elapsed
+        return True
+
+    def _read_memory(self, boundary: int) -> bool:
+        """Read the memory figure when due; whether the trigger asked for an audit."""
+        if self._reader is None or self._trigger is None:
+            return False
+        readings = self._reader()
+        if not readings:
+            return False
+        self.readings = readings
+        if boundary > STARTUP and not self.first_readings:
+            self.first_readings = dict(readings)
+        return self._trigger.observe(readings) is not None
