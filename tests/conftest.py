@@ -1,8 +1,8 @@
 """What every test shares: a clean gradguard state, checked on the way out, and engine imports.
 
 ``_isolated`` (autouse) starts each test with no ``GRADGUARD`` or ``GRADGUARD_AUDIT``, no ``set_mode``,
-fresh stats and no enforce scope, and fails the test if it leaves an install, a patch, a mode, a global
-optimizer hook (a watch not closed) or a named root behind.
+fresh stats, no enforce scope and torch's generator seeded, and fails the test if it leaves an install,
+a patch, a mode, a global optimizer hook (a watch not closed) or a named root behind.
 Helpers used across files live in ``_helpers.py`` (``require_engine`` among them).
 
 The integration tests run last. Under pytest-xdist (``-n auto``; ``--dist worksteal`` is in the pytest
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import _helpers
 import pytest
+import torch
 
 import gradguard
 from gradguard._heap import roots as _roots
@@ -38,6 +39,7 @@ def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     patched = _patch.installed()
     assert _policy.mode_source() == ("detach", "default"), "a previous test left a mode behind"
     hooks, providers, named = _optimizer_hooks(), list(_roots._providers), set(_roots._named)
+    torch.manual_seed(0)  # the same draws whatever ran before in this process (xdist shares tests out)
     yield
     leftover_installs = _enforce.installed()
     leftover_patches = _patch.installed() - patched
