@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from .frames import frame_locals
-from .ownership import library_of_module
+from .installed import library_of_module
 from .paths import MODULE_STATE, Edge, Path, class_dict, instance_dict, is_a, module_dict, read_ref, sequence_items
 from .roots import NamedRoot, live_roots
 

@@ -1,67 +1,37 @@
 """Whose state an object on a path is: the program's own, or a library's.
 
 The watch repairs only the program's own state, and the audit suggests a fix only where the user can
-apply one. An object belongs to a library when its class is defined in the standard library, in
-torch, or in an installed package (a module under a ``site-packages`` directory); a module global
-belongs to its module's owner. Two exceptions, because they are the program's whatever package
-defines them: ``nn.Module`` instances (the model) and plain containers (``list``, ``dict``,
-``deque`` and their subclasses, ``SimpleNamespace``), which belong to whoever holds them. Along a
-path, ownership is that of the nearest object above that is not a container: a ``list`` in a
-user's object is the user's, a ``list`` in ``logging.Handler`` is the standard library's.
+apply one. One rule: an object belongs to the package its class is defined in — the standard
+library, torch, an installed package (a module under a ``site-packages`` directory) — or to the
+program; a module global belongs to its module's owner. Plain containers (``list``, ``dict``,
+``deque`` and their subclasses, ``SimpleNamespace``) and torch's own ``nn.Module`` classes
+(``nn.Linear``, ``nn.Sequential``: the blocks a program builds its model from) belong to whoever holds
+them. Along a path, ownership is that of the nearest object above that is neither: a ``list`` in a
+user's object is the user's, in ``logging.Handler`` the standard library's, in a torchmetrics
+``Metric`` (an ``nn.Module`` a package defines) torchmetrics'.
 """
 
 from __future__ import annotations
 
 import collections
-import functools
-import os
-import site
-import sys
-import sysconfig
 import types
 from typing import Any
 
 from torch import nn
 
+from .installed import library_of_module
 from .paths import Path, class_dict, is_a, module_dict
 
-__all__ = ["Owner", "library", "library_of_module", "path_owners"]
+__all__ = ["Owner", "library", "path_owners"]
 
 _QUALNAME = type.__dict__["__qualname__"].__get__
 _CONTAINERS = (list, dict, tuple, set, frozenset, collections.deque, types.SimpleNamespace)
 
 
-@functools.lru_cache(maxsize=1)
-def _library_dirs() -> tuple[str, ...]:
-    dirs = {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
-    try:
-        dirs.update(site.getsitepackages())
-        dirs.add(site.getusersitepackages())
-    except AttributeError:  # a virtualenv's old site module
-        pass
-    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs if d)
-
-
-@functools.lru_cache(maxsize=4096)
-def library_of_module(name: str) -> str | None:
-    """The library a module (by dotted name) belongs to: ``"the standard library"``, ``"torch"``, the
-    installed package's top-level name, or ``None`` for the program's own code."""
-    top = name.partition(".")[0]
-    if top in sys.stdlib_module_names or top == "builtins":
-        return "the standard library"
-    if top in ("torch", "gradguard", "wrapt"):
-        return top
-    module = sys.modules.get(top)
-    filename = getattr(module, "__file__", None) if is_a(module, types.ModuleType) else None
-    if not isinstance(filename, str):
-        return None
-    return top if os.path.realpath(filename).startswith(_library_dirs()) else None
-
-
 def library(obj: Any) -> str | None:
     """The library that owns ``obj``'s state (see the module documentation), or ``None``: the
     program's own, or a container whose owner is whoever holds it."""
-    if is_a(obj, _CONTAINERS) or is_a(obj, nn.Module):
+    if is_a(obj, _CONTAINERS) or _torch_module(obj):
         return None
     if is_a(obj, types.ModuleType):
         name = module_dict(obj).get("__name__")
@@ -69,6 +39,14 @@ def library(obj: Any) -> str | None:
     cls = obj if is_a(obj, type) else type(obj)
     module = class_dict(cls).get("__module__")
     return library_of_module(module) if isinstance(module, str) else None
+
+
+def _torch_module(obj: Any) -> bool:
+    """An ``nn.Module`` of one of torch's own classes: a block of the program's model."""
+    if not is_a(obj, nn.Module):
+        return False
+    module = class_dict(type(obj)).get("__module__")
+    return isinstance(module, str) and (module == "torch" or module.startswith("torch."))
 
 
 class Owner:

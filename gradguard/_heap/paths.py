@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .._errors import GradGuardError
+from . import installed
 from .frames import frame_locals
 
 __all__ = [
@@ -146,16 +147,22 @@ def sequence_items(owner: Any) -> Any:
 
 
 def frame_where(frame: types.FrameType, *, line: bool = True) -> str:
-    """``train.py:42 in train_step``: the file (relative to the working directory when under it), the
-    current line, the function's qualified name."""
+    """``train.py:42 in train_step``: the file (an installed package's relative to its ``site-packages``,
+    ``transformers/trainer.py``; another relative to the working directory when under it), the current
+    line, the function's qualified name."""
     code = frame.f_code
     filename = code.co_filename
-    try:
-        relative = os.path.relpath(filename)
-        if not relative.startswith(os.pardir):
-            filename = relative
-    except ValueError:  # another drive on Windows
-        pass
+    real = os.path.realpath(filename)
+    site = next((d for d in installed.library_dirs() if real.startswith(d)), None)
+    if site is not None:
+        filename = real[len(site) :]
+    else:
+        try:
+            relative = os.path.relpath(filename)
+            if not relative.startswith(os.pardir):
+                filename = relative
+        except ValueError:  # another drive on Windows
+            pass
     name = getattr(code, "co_qualname", code.co_name)
     return f"{filename}:{frame.f_lineno} in {name}" if line else f"{filename} in {name}"
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import wrapt
 
-from .._heap.ownership import library_of_module
+from .._heap.installed import library_of_module
 
 __all__ = ["caller", "location", "set_origin", "user_frame", "warn_at"]
 

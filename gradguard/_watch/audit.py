@@ -8,11 +8,9 @@ the current step's own ``loss`` included (deciding what is a leak is the watch's
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import gc
 import threading
-import types
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -22,11 +20,11 @@ from .._errors import GradGuardError
 from .._graph import memory as _graph
 from .._graph.liveness import Liveness
 from .._heap.holders import find_paths, live_graph_tensors, running_thread
-from .._heap.ownership import Owner, path_owners
-from .._heap.paths import Path, frame_where, holder_key, module_dict, reaches, read, spell, spell_steps
+from .._heap.paths import Path, holder_key, spell
 from .._policy.message import display, human
 from .._policy.table import text
-from .._tree.walk import detach_tree, graph_record
+from .._tree.walk import graph_record
+from .fix import fix
 
 __all__ = [
     "NODE_BYTES",
@@ -407,125 +405,3 @@ def nodes_text(nodes: int, node_bytes: int) -> str:
     if not nodes:
         return "0"
     return f"{nodes} (~{human(node_bytes)})" if node_bytes else f"{nodes} (shared)"
-
-
-# --------------------------------------------------------------------------------------------------
-# The fix
-# --------------------------------------------------------------------------------------------------
-
-_STORES: dict[type, str] = {
-    list: "[]",
-    dict: "{}",
-    collections.deque: "collections.deque()",
-    collections.OrderedDict: "collections.OrderedDict()",
-}
-_NAMING = ("global", "class", "local", "cell", "named", "attr", "slot")  # named: gradguard._heap.roots (issue 18)
-
-
-def fix(path: Path, tensor: torch.Tensor) -> str:
-    """What to do about the holder at ``path`` (live edges) of ``tensor``, first that applies:
-
-    * the graph is kept by an exception's traceback: clear it;
-    * it sits in a library's state (the standard library's, torch's, an installed package's): pass
-      a detached value where it enters that state;
-    * ``enforce(stores=...)`` when the store is an argument of the running function, and guarding
-      the nearest list, dict or deque the program owns and can name, that holds it as an item —
-      each only when guarding would release it (the item, detached as a guard detaches what is
-      stored, no longer reaches the tensor);
-    * else detaching it before it is stored there.
-    """
-    owners = path_owners(path)
-    if any(edge.kind == "ref" and edge.key in ("__traceback__", "tb_frame") for edge in path):
-        return (
-            "an exception's traceback keeps the frame's locals: keep the exception without it "
-            "(e.with_traceback(None)) or str(e), or call traceback.clear_frames(e.__traceback__)"
-        )
-    start = 0  # the program's own state starts here: after the last library object on the path
-    for j, owner in enumerate(owners):
-        if not owner.program:
-            start = j + 1
-    if start >= len(path):
-        lib = owners[-1]
-        return (
-            f"pass a detached value (t.detach() or t.item()) to {lib.what}: it is {lib.label}'s state, "
-            "which gradguard cannot guard"
-        )
-    first = path[start]
-    argument = start == 0 and first.kind == "local" and len(path) > 1 and _is_argument(first.owner, first.key)
-    if argument and path[1].kind == "item" and _releases(path, 1, tensor):
-        frame = first.owner
-        module = frame.f_globals.get("__name__")
-        qualname = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
-        if isinstance(module, str) and "<" not in qualname:
-            return f'gradguard.enforce(stores={{"{module}:{qualname}": "{first.key}"}})'
-    reached = [e.owner for e in path[1:]]  # reached[j]: what edge j leads to (the last one: the tensor)
-    for j in range(len(reached) - 1, start - 1, -1):
-        store = _STORES.get(type(reached[j]))
-        named = all(e.kind in _NAMING or (e.kind == "item" and isinstance(e.key, str)) for e in path[start : j + 1])
-        if store is not None and named and path[j + 1].kind == "item" and _releases(path, j + 1, tensor):
-            return f"{_spelled(path, start, j + 1, owners)} = gradguard.guard({store}) ({_where(path, start)})"
-    for j in range(len(path) - 1, start - 1, -1):
-        kind = path[j].kind
-        if kind in ("key", "member"):
-            where = "the keys of" if kind == "key" else "the set"
-            return (
-                f"put a detached value (t.detach() or t.item()) in {where} {_spelled(path, start, j, owners) or 'it'}: "
-                "a tensor kept as a dict key or a set member keeps its graph"
-            )
-    library = next((o for o in owners[start:] if not o.program), None)
-    if library is not None:
-        return (
-            f"pass a detached value (t.detach() or t.item()) to {library.what}: it is {library.label}'s state, "
-            "which gradguard cannot guard"
-        )
-    return f"detach before storing into {_spelled(path, start, len(path), owners)} ({_where(path, start)})"
-
-
-def _spelled(path: Path, start: int, end: int, owners: list[Owner]) -> str:
-    """``path[start:end]`` as the program names it: from its first edge's own name (``HISTORY``,
-    ``trainer.metrics``), or, when the path starts inside a library's state, from the program's object
-    there (``self.training_step_outputs``)."""
-    if start == 0:
-        return _name(path[:end]) if end else ""
-    what = "self" if path[start].kind in ("attr", "slot") else f"<{owners[start].what}>"
-    return what + spell_steps(path[start:end])
-
-
-def _releases(path: Path, j: int, tensor: torch.Tensor) -> bool:
-    """Whether guarding the container of edge ``j`` would release ``tensor``: the value stored there,
-    detached as a guarded store detaches what it stores, no longer reaches it."""
-    try:
-        value = read(path[j])
-    except (LookupError, AttributeError, IndexError, TypeError, ValueError):
-        return False
-    try:
-        detached = detach_tree(value)
-    except GradGuardError:  # a record that cannot be rebuilt: a guard would refuse it
-        return False
-    return not reaches(detached, tensor)
-
-
-def _is_argument(frame: types.FrameType, name: str) -> bool:
-    code = frame.f_code
-    return name in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
-
-
-def _name(path: Path) -> str:
-    """``path`` spelled from its first edge's own name on: ``HISTORY``, ``Trainer.cache``, ``trainer.metrics``."""
-    first = path[0]
-    head = str(first.key) if first.kind in _NAMING else ""
-    return head + spell_steps(path[1:]) if head else spell_steps(path).lstrip(".")
-
-
-def _where(path: Path, start: int) -> str:
-    edge = path[start]
-    if start:
-        owner = edge.owner
-        return f"in a {type(owner).__qualname__}"
-    if edge.kind == "local":
-        return f"in {frame_where(edge.owner)}"
-    if edge.kind == "cell":
-        return f"closure of {edge.owner.__module__}:{edge.owner.__qualname__}"
-    if edge.kind == "named":  # gradguard._heap.roots (issue 18): "in actor Trainer"
-        return f"in {edge.owner.label}"
-    return f"in {module_dict(edge.owner).get('__name__')}"

@@ -129,7 +129,7 @@ def _unwritable(edge: Edge) -> str:
 def _refusal(edge: Edge, owner: Owner) -> str:
     """Why the repair may not write ``edge`` (empty when it may)."""
     if not owner.program:
-        return f"{owner.what} ({owner.label}'s state)"
+        return f"{owner.what} ({owner.label}'s state, which gradguard never writes)"
     obj = edge.owner
     if edge.kind in ("attr", "slot") and not is_a(obj, nn.Module):
         cls = type(obj)

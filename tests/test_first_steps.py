@@ -1,0 +1,124 @@
+"""Every way of turning the watch on checks a run from its first boundaries, with no ``every=``: a 6-step
+script that keeps its loss from the first step fails in ``raise`` mode, and the same script, fixed, passes.
+
+The ways in: ``gradguard.watch()``, ``gradguard run``, ``GRADGUARD_AUDIT=auto`` and pytest's
+``--gradguard-audit=auto`` (the Lightning and Hugging Face callbacks: ``tests/integration/test_callbacks.py``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import gradguard
+
+from _helpers import env
+
+TRAINER = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+    class Trainer:
+        def __init__(self):
+            torch.manual_seed(0)
+            self.model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+            self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+            self.running = {"epoch_loss": 0.0}
+
+        def step(self, fixed):
+            loss = self.model(torch.randn(4, 8)).pow(2).mean()
+            loss.backward()
+            self.running["epoch_loss"] += loss.detach() if fixed else loss
+            self.opt.step()
+            self.opt.zero_grad()
+
+    def train(fixed=False, steps=6):
+        trainer = Trainer()
+        for _ in range(steps):
+            trainer.step(fixed)
+        return trainer
+    """
+)
+
+SCRIPT = TRAINER + "\nimport sys\ntrain(fixed=sys.argv[1:] == ['fixed'])\nprint('trained')\n"
+HOLDER = "self.running['epoch_loss']"
+
+
+def _namespace() -> dict[str, object]:
+    space: dict[str, object] = {"__name__": "first_steps_trainer"}
+    exec(compile(TRAINER, "first_steps_trainer.py", "exec"), space)
+    return space
+
+
+def _child(argv: list[str], cwd: Path, **changes: str | None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, capture_output=True, text=True, cwd=cwd, env=env(TMPDIR=str(cwd), **changes), timeout=300
+    )
+
+
+def test_watch_raises_at_the_third_boundary() -> None:
+    train = _namespace()["train"]
+    steps: list[int] = []
+    with gradguard.watch(mode="raise") as scope:
+        trainer = train(fixed=True)  # clean: nothing is reported
+        assert scope.watcher.history() == []
+        with pytest.raises(gradguard.GraphRetentionError, match=r"running\['epoch_loss'\]"):
+            train(fixed=False)  # type: ignore[operator]
+        steps.append(scope.watcher.boundaries)
+    del trainer
+    assert steps == [6 + 3]  # the clean run's six, then the leaky run's third
+
+
+def test_gradguard_run_fails_a_six_step_script(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(SCRIPT)
+    leaky = _child([sys.executable, "-m", "gradguard", "run", "--mode", "raise", "train.py"], tmp_path)
+    assert leaky.returncode != 0, leaky.stdout + leaky.stderr
+    assert "GraphRetentionError" in leaky.stderr and HOLDER in leaky.stderr
+    fixed = _child([sys.executable, "-m", "gradguard", "run", "--mode", "raise", "train.py", "fixed"], tmp_path)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "trained" in fixed.stdout
+
+
+def test_gradguard_audit_auto_fails_a_six_step_script(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import gradguard\n" + SCRIPT)
+    leaky = _child([sys.executable, str(script)], tmp_path, GRADGUARD="raise", GRADGUARD_AUDIT="auto")
+    assert leaky.returncode != 0 and HOLDER in leaky.stderr, leaky.stdout + leaky.stderr
+    fixed = _child([sys.executable, str(script), "fixed"], tmp_path, GRADGUARD="raise", GRADGUARD_AUDIT="auto")
+    assert fixed.returncode == 0 and "trained" in fixed.stdout, fixed.stdout + fixed.stderr
+
+
+def test_pytest_audit_auto_fails_a_six_step_test(tmp_path: Path) -> None:
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    (tmp_path / "test_train.py").write_text(
+        "from trainer import train\n\n"
+        "def test_leaky():\n    train(fixed=False)\n\n"
+        "def test_fixed():\n    train(fixed=True)\n"
+    )
+    run = _child(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--gradguard-audit=auto"],
+        tmp_path,
+        PYTHONPATH=str(tmp_path),
+    )
+    assert "1 failed, 1 passed" in run.stdout, run.stdout + run.stderr
+    assert "test_leaky" in run.stdout and HOLDER in run.stdout
+
+
+def test_a_short_clean_run_is_checked_once_and_said_so() -> None:
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gradguard.watch(mode="raise") as scope:
+        for _ in range(6):
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    text = scope.watcher.summary()
+    assert text.startswith("gradguard watch: 6 step boundaries, 1 audited")
+    assert "nothing was checked" not in text
