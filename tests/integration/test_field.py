@@ -4,8 +4,8 @@ The CI subset of the field benchmark (``benchmarks/field``): the same drivers, e
 with ``pip install --no-deps --target`` into a folder of ``$GRADGUARD_FIELD_SITE`` (``.ci/run`` makes
 them) and put first on the driver's ``PYTHONPATH``, over this environment's own torchmetrics and
 transformers. What fails here: a change that stops finding either leak or names another holder, and
-one that cries wolf on either fix. Detection is checked with every boundary audited
-(``--audit-every 1``); the fixes are checked that way and with the defaults (no flag but the mode).
+one that cries wolf on either fix, each with every boundary audited (``--audit-every 1``) and with
+the defaults (no flag but the mode).
 """
 
 from __future__ import annotations
@@ -54,10 +54,11 @@ def _holders(run: Run) -> list[str]:
     return [h["holder"] for report in run.reports for h in report.get("holders", [])]
 
 
+@pytest.mark.parametrize("audit_every", ["1", None], ids=["every-boundary", "defaults"])
 @pytest.mark.parametrize("key", LEAKS)
-def test_the_leaky_release_is_reported_with_its_holder(key: str, tmp_path: Path) -> None:
+def test_the_leaky_release_is_reported_with_its_holder(key: str, audit_every: str | None, tmp_path: Path) -> None:
     case = by_key(key)
-    run = _run(case, True, tmp_path, audit_every="1")
+    run = _run(case, True, tmp_path, audit_every=audit_every)
     assert not run.timed_out, _said(run)
     assert run.returncode == 1, _said(run)
     holders = _holders(run)
