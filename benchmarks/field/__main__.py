@@ -3,12 +3,13 @@
 ``python -m benchmarks.field [--cases KEY,...] [--steps N] [--json PATH] [--md PATH]`` (from the
 repository root, with the project's environment active). Each release is installed in its own
 virtual environment (``benchmarks/field/envs.py``; built on first use, under ``/work/field-envs`` or
-``GRADGUARD_FIELD_ENVS``), and its driver (``benchmarks/field/drivers/``) runs four ways
+``GRADGUARD_FIELD_ENVS``), and its driver (``benchmarks/field/drivers/``) runs five ways
 (``benchmarks/field/runner.py``): plain, ``gradguard run --mode raise`` with no other flag,
-``--mode detach`` and ``--mode warn``. The table says, per release: what ``raise`` did (the exit
-status, the holder gradguard named, the step boundary it was found at, or the store that refused),
-the memory a step adds (glibc in-use bytes read after each optimizer step, least-squares slope) plain
-and under ``detach``, and whether ``warn``'s final weights are bitwise those of the plain run. A fixed
+``--mode detach``, ``--mode warn``, and ``--mode raise --audit-every 1`` as a diagnostic. The table
+says, per release: what ``raise`` did (the exit status, the holder gradguard named, the step
+boundary it was found at, or the store that refused), the memory a step adds (glibc in-use bytes
+read after each optimizer step, least-squares slope) plain and under ``detach``, and whether
+``warn``'s final weights are bitwise those of the plain run. A fixed
 release must be silent; how many boundaries were audited is said beside it (silence without an audit
 checks nothing).
 

@@ -1,4 +1,4 @@
-"""Run one release's driver the four ways and read what each run left: verdict, holders, memory, weights.
+"""Run one release's driver the five ways and read what each run left: verdict, holders, memory, weights.
 
 * ``plain``: ``python driver.py``, memory read after each optimizer step, final weights saved;
 * ``raise``: ``gradguard run --mode raise driver.py``, no other flag (the defaults a user gets);

@@ -129,7 +129,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"{doc['settings']['gradguard_commit']}",
         "",
         "Each release in its own virtual environment (torch 2.13.0 CPU shared), its driver (a tiny random model, "
-        "random data, the library's documented API) run four ways: plain; `gradguard run --mode raise driver.py` with "
+        "random data, the library's documented API) run five ways: plain; `gradguard run --mode raise driver.py` with "
         "no other flag (the verdict, the holder, the boundary); `--mode detach` (memory); `--mode warn` (final "
         "weights compared bitwise with plain's); and, as a diagnostic beside the verdict, `--mode raise "
         "--audit-every 1` (what the detector finds when it audits every boundary). *Growth per step*: the "
