@@ -19,7 +19,8 @@ import torch
 from .._errors import GradGuardError
 from .._graph import memory as _graph
 from .._graph.liveness import Liveness
-from .._heap.holders import find_paths, live_graph_tensors, running_thread
+from .._heap.census import live_graph_tensors
+from .._heap.holders import find_paths, running_thread
 from .._heap.paths import Path, holder_key, spell
 from .._policy.message import display, human
 from .._policy.table import text

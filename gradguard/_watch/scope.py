@@ -17,13 +17,14 @@ from torch.utils.hooks import RemovableHandle
 from .._errors import GradGuardError
 from .._scope.enforce import _Install, enforce, register_audit_installer
 from .audit import Ignore
+from .options import EVERY_ACCEPTED, Every, parse_every
 from .trigger import TriggerSettings
-from .watcher import _EVERY_ACCEPTED, Every, Watcher, parse_every
+from .watcher import Watcher
 
 __all__ = ["AUDIT_ENV", "audit_install", "parse_audit", "start_process_watch", "stop_process_watch", "watch"]
 
 AUDIT_ENV = "GRADGUARD_AUDIT"
-_AUDIT_ACCEPTED = f"{_EVERY_ACCEPTED}, or 0/off (no watch)"
+_AUDIT_ACCEPTED = f"{EVERY_ACCEPTED}, or 0/off (no watch)"
 _OFF_WORDS = frozenset({"0", "off", "false", "no", "none"})
 
 

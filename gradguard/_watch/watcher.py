@@ -20,15 +20,14 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from .._errors import GradGuardError, GraphRetentionError, GraphRetentionWarning
-from .._graph.held import HeldParameters
 from .._graph.liveness import Liveness
-from .._graph.stamps import Ledger, node_key, oldest_below
-from .._heap.holders import live_graph_tensors, promotions
+from .._graph.stamps import Ledger, oldest_below
+from .._heap.census import live_graph_tensors, promotions
 from .._heap.paths import Path
 from .._policy import stats as _stats
 from .._policy.message import human
@@ -36,7 +35,8 @@ from .._policy.modes import DETACH, OFF, RAISE, WARN, Mode, normalize_mode, reso
 from .._policy.site import user_frame, warn_at
 from . import backwards
 from .audit import Ignore, RetentionReport, check_ignore, scan_lock, scan_tensors
-from .criterion import Clock, Leak, ages, judge
+from .criterion import Leak, ages, judge
+from .options import Every, parse_every, parse_memory
 from .recipes import Recipe
 from .repair import REPAIRED, repair
 from .schedule import Reason, Schedule
@@ -50,11 +50,10 @@ from .summary import (
     unrepaired_message,
     warn_message,
 )
+from .threads import Held, ThreadState, stamp_backward
 from .trigger import TriggerSettings
 
-__all__ = ["STORE", "Every", "HolderHistory", "Watcher", "parse_every", "parse_memory"]
-
-Every = int | Literal["auto"]
+__all__ = ["STORE", "Every", "HolderHistory", "Watcher"]
 
 STORE = "audit"
 """The store name of the watch's repairs in :func:`gradguard.stats` (the site is the holder's path)."""
@@ -63,109 +62,8 @@ OPTIMIZER_RESCAN = 30.0
 """Seconds between two looks for live optimizers in the heap (at an audit): a graph that reaches no
 known optimizer's parameters is judged at every boundary. Every optimizer that steps is known at once."""
 
-DEEP_NODES = 32
-"""Nodes stamped below a backward's roots when it is sampled (see :data:`DEEP_SHARE`); with ``every=N``
-the whole graph is."""
-
-DEEP_SHARE = 0.002
-"""The most of the wall time stamping below the roots may take: a record the program keeps is often a
-tensor a few nodes below the loss (a model output, a log-probability), which a root's stamp does not
-reach. The backwards of a thread's first :data:`DEEP_FIRST` boundaries, and every backward with
-``every=N``, are always stamped so."""
-
-DEEP_FIRST = 3
-
 _MAX_RECIPES = 16  # holders remembered by name; the least recently found is forgotten first
-_EVERY_ACCEPTED = (
-    "a positive whole number N (act on every N-th step boundary's signals at any cost) or 'auto' (audit "
-    "when a signal says a graph is old, in the first boundaries, and within a small share of the wall time)"
-)
 _clock = time.perf_counter
-
-
-def parse_every(value: object, *, what: str = "every", accepted: str = _EVERY_ACCEPTED) -> Every:
-    """``every`` as the watch takes it: a positive ``int`` or ``"auto"``.
-
-    Raises:
-        GradGuardError: for anything else, naming ``what``, the value and what is accepted.
-    """
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"
-    number: object = value
-    if isinstance(value, str) and value.strip().isdigit():
-        number = int(value.strip())
-    if isinstance(number, int) and not isinstance(number, bool) and number > 0:
-        return number
-    raise GradGuardError(f"{what}={value!r} is not accepted; accepted: {accepted}")
-
-
-def parse_memory(value: object, every: Every) -> TriggerSettings | None:
-    """``memory`` as the watch takes it: ``True`` (the default :class:`TriggerSettings`), ``False`` or
-    ``None`` (no memory figure), or a :class:`TriggerSettings`.
-
-    Raises:
-        GradGuardError: for anything else.
-    """
-    if value is True:
-        return TriggerSettings()
-    if value is False or value is None:
-        return None
-    if isinstance(value, TriggerSettings):
-        return value
-    raise GradGuardError(
-        f"memory={value!r} is not accepted; accepted: True (read the memory figure, the default), False (do not) "
-        "or gradguard.TriggerSettings(floor=..., window=..., ...)"
-    )
-
-
-class _Held:
-    """One optimizer's sampled parameter reference count (:mod:`gradguard._graph.held`), as the schedule
-    takes it: by name, and only when it changed (a count that does not move asks for nothing)."""
-
-    __slots__ = ("last", "name", "read")
-
-    def __init__(self, optimizers: tuple[Any, ...]) -> None:
-        self.read = HeldParameters(optimizers)
-        self.name = "parameters of " + ", ".join(type(o).__name__ for o in optimizers)
-        self.last: int | None = None
-
-    def changed(self) -> dict[str, int] | None:
-        count = self.read()
-        if count is None or count == self.last:
-            return None
-        self.last = count
-        return {self.name: count}
-
-
-class _ThreadState:
-    """One thread's boundaries: their clock, the schedule, the stamps, and the last boundary's step."""
-
-    __slots__ = (
-        "busy",
-        "clock",
-        "deep_at",
-        "deep_costs",
-        "held",
-        "horizon",
-        "ledger",
-        "schedule",
-        "sequence",
-        "stepped",
-        "unexplained",
-    )
-
-    def __init__(self, schedule: Schedule) -> None:
-        self.schedule = schedule
-        self.clock = Clock()
-        self.ledger = Ledger()
-        self.horizon = -1  # stamps of epochs up to here were looked at by an audit
-        self.unexplained = 0  # old graphs alive at the last audit that no holder was found for
-        self.sequence: int | None = None  # torch's node counter of this thread at the end of the last boundary
-        self.stepped: set[Hashable] = set()  # the sources already stepped since that counter last moved
-        self.held: dict[Hashable, _Held] = {}
-        self.busy = False
-        self.deep_at = 0.0  # when the last backward was stamped below its roots
-        self.deep_costs: collections.deque[float] = collections.deque(maxlen=3)  # what the last ones took
 
 
 class Watcher:
@@ -210,7 +108,7 @@ class Watcher:
         self._rescan_at = 0.0
         self._spent = 0.0
         self._started: float | None = None
-        self._states: list[_ThreadState] = []
+        self._states: list[ThreadState] = []
         self._listeners: list[Callable[[Watcher, BaseException | None], None]] = []
         self._backwards: backwards.Handle | None = None
         self._promotions: tuple[int, int] | None = None  # the collector's when the watcher started following
@@ -237,26 +135,7 @@ class Watcher:
             handle.remove()
 
     def _on_backward(self, roots: Sequence[Any]) -> None:
-        state = self._state()
-        epoch = state.clock.boundaries
-        ledger = state.ledger
-        nodes = [node for node in (getattr(t, "grad_fn", None) for t in roots) if node is not None]
-        for node in nodes:
-            ledger.place(node, epoch, refresh=True)
-        if not nodes or not self._deep_due(state):
-            return
-        start = _clock()
-        _stamp_below(nodes, ledger, epoch, DEEP_NODES if self.every == "auto" else None)
-        state.deep_at = _clock()
-        state.deep_costs.append(state.deep_at - start)
-
-    def _deep_due(self, state: _ThreadState) -> bool:
-        """Whether to stamp below this backward's roots: always in the first boundaries and when hunting,
-        else when the cheapest of the last few took at most :data:`DEEP_SHARE` of the time since the last
-        one (one slow stamping, a preemption, does not stall the next)."""
-        if self.every != "auto" or state.clock.boundaries < DEEP_FIRST or not state.deep_costs:
-            return True
-        return min(state.deep_costs) <= DEEP_SHARE * (_clock() - state.deep_at)
+        stamp_backward(self._state(), roots, hunting=self.every != "auto")
 
     # ---------------------------------------------------------------------------------------------
     # Boundaries
@@ -314,7 +193,7 @@ class Watcher:
             return None
         held = state.held.get(source)
         if held is None and optimizers:
-            held = state.held[source] = _Held(optimizers)
+            held = state.held[source] = Held(optimizers)
         counts = held.changed() if held is not None else None
         reason = state.schedule.boundary(now, boundary, state.ledger.oldest(after=state.horizon), counts)
         if reason == "old" and self._revisit(state, boundary, source, optimizers, mode):
@@ -325,7 +204,7 @@ class Watcher:
 
     def _run_audit(
         self,
-        state: _ThreadState,
+        state: ThreadState,
         boundary: int,
         reason: Reason,
         source: Hashable,
@@ -372,11 +251,11 @@ class Watcher:
                 listener(self, raised)
             raised = None
 
-    def _state(self) -> _ThreadState:
+    def _state(self) -> ThreadState:
         try:
-            state: _ThreadState = self._local.state
+            state: ThreadState = self._local.state
         except AttributeError:
-            state = self._local.state = _ThreadState(Schedule(self.every, self.memory, clock=_clock))
+            state = self._local.state = ThreadState(Schedule(self.every, self.memory, clock=_clock))
             with self._lock:
                 self._states.append(state)
         return state
@@ -386,7 +265,7 @@ class Watcher:
 
     def _audit(
         self,
-        state: _ThreadState,
+        state: ThreadState,
         boundary: int,
         source: Hashable,
         optimizers: tuple[Any, ...],
@@ -424,7 +303,7 @@ class Watcher:
         return self._act(leaks, mode, user_frame()), searched
 
     def _revisit(
-        self, state: _ThreadState, boundary: int, source: Hashable, optimizers: tuple[Any, ...], mode: Mode
+        self, state: ThreadState, boundary: int, source: Hashable, optimizers: tuple[Any, ...], mode: Mode
     ) -> bool:
         """Read the holders found before by name (no heap pass), and act on their old graphs; whether
         that accounted for every old graph the signal saw."""
@@ -447,7 +326,7 @@ class Watcher:
 
     def _settle(
         self,
-        state: _ThreadState,
+        state: ThreadState,
         boundary: int,
         source: Hashable,
         optimizers: tuple[Any, ...],
@@ -742,25 +621,6 @@ def _known(tensors: Sequence[torch.Tensor], recipes: Sequence[Recipe]) -> dict[i
     """The live paths of the tensors (by id) in holders found before, read by their recipes."""
     ids = {id(t) for t in tensors}
     return {id(t): path for recipe in recipes for t, path in recipe.resolve() if id(t) in ids}
-
-
-def _stamp_below(roots: Sequence[Any], ledger: Ledger, epoch: int, most: int | None) -> None:
-    """Stamp up to ``most`` nodes nearest below ``roots`` (breadth first; ``None``: every one)."""
-    seen: set[Any] = set(roots)
-    queue = collections.deque(roots)
-    placed = 0
-    while queue and (most is None or placed < most):
-        node = queue.popleft()
-        for child, _ in node.next_functions:
-            if child is None or child in seen or node_key(child) is None:
-                continue
-            seen.add(child)
-            below = [grand for grand, _ in child.next_functions if grand is not None]
-            if below and all(node_key(grand) is None for grand in below):
-                continue  # a node on parameters alone (a tied weight's view): the model, made once
-            ledger.place(child, epoch)
-            placed += 1
-            queue.append(child)
 
 
 def _weak_listener(watcher: Watcher) -> backwards.Listener:
