@@ -68,15 +68,23 @@ def _run(tmp_path: Path, checkout: Path, *args: str) -> dict:
     return doc
 
 
+def _logs(tmp_path: Path) -> str:
+    """The inner pytest runs' output, for a failure's message."""
+    return "\n".join(
+        f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}"
+        for log in sorted((tmp_path / "logs").glob("*.log"))
+    )
+
+
 def test_runs_plain_and_watched_names_the_retention_and_its_test_and_samples(tmp_path: Path) -> None:
     checkout = _checkout(tmp_path)
     doc = _run(tmp_path, checkout, "--runs", "plain,every-step")
     assert doc["baseline_green"] and doc["lightning"]["tests_ref"] == "a stand-in"
     plain, watched = doc["runs"]["plain"], doc["runs"]["every-step"]
-    assert plain["selected"] == watched["selected"] == 4 and plain["outcomes"] == {"passed": 4}
+    assert plain["selected"] == watched["selected"] == 4 and plain["outcomes"] == {"passed": 4}, _logs(tmp_path)
     assert plain["retentions"] == [] and plain["modules"]["gradguard"] is None  # a plain run never imports it
     assert watched["options"] == ["--gradguard-audit=1", "--gradguard=warn"]
-    assert watched["outcomes"] == {"passed": 4} and watched["ratio_to_plain"] > 0
+    assert watched["outcomes"] == {"passed": 4} and watched["ratio_to_plain"] > 0, _logs(tmp_path)
     assert watched["modules"]["gradguard"] == str(ROOT / "gradguard" / "__init__.py")
     (retention,) = watched["retentions"]
     assert "_losses" in retention["holder"] and retention["warnings"] == 1
@@ -88,7 +96,7 @@ def test_runs_plain_and_watched_names_the_retention_and_its_test_and_samples(tmp
     doc = _run(tmp_path, checkout, *args, "--sample-every", "2", "--sampled", "strict", "--merge")
     assert list(doc["runs"]) == ["plain", "plain@1/2", "every-step", "strict"]
     sample, strict = doc["runs"]["plain@1/2"], doc["runs"]["strict"]
-    assert sample["selected"] == strict["selected"] == 2 and strict["keep_every"] == 2
+    assert sample["selected"] == strict["selected"] == 2 and strict["keep_every"] == 2, _logs(tmp_path)
     assert strict["estimated_full_wall_s"] > 0 and doc["runs"]["every-step"] == watched
 
 
