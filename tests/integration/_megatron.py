@@ -23,7 +23,7 @@ import gradguard
 
 SCHEDULES = "megatron.core.pipeline_parallel.schedules"
 N_MICRO = 4
-TIMEOUT_S = 120
+TIMEOUT_S = 300
 
 
 # --------------------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ MEGATRON = "verl.workers.engine.megatron.transformer_impl"
 V, H, T, B, MBS = 11, 8, 6, 8, 2
 N_MICRO = B // MBS
 OLD_ENV = "GRADGUARD_VERL_OLD"  # an unpacked verl 0.8.0 wheel (pip download --no-deps verl==0.8.0)
-TIMEOUT_S = 180
+TIMEOUT_S = 300
 
 # --------------------------------------------------------------------------------------------------
 # Probe, tiny model, data
