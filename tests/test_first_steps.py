@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 import gradguard
+from gradguard._watch import threads as _threads
+from gradguard._watch import watcher as _watcher
 
 from _helpers import env
 
@@ -124,3 +126,52 @@ def test_a_short_clean_run_is_checked_and_said_so() -> None:
     text = scope.watcher.summary()
     assert text.startswith("gradguard watch: 6 step boundaries, ") and scope.watcher.audits >= 1
     assert "nothing was checked" not in text and scope.watcher.history() == []
+
+
+class _Running:
+    """A metric of the program's own: a running sum of squared errors kept with its graph (the leak)."""
+
+    def __init__(self) -> None:
+        self.total = torch.tensor(0.0)
+
+
+RUNNING = _Running()
+
+
+def _steps_held(total: torch.Tensor) -> int:
+    """How many steps' additions the running sum's graph still holds (its AddBackward0 chain)."""
+    count, node = 0, total.grad_fn
+    while node is not None and type(node).__name__ == "AddBackward0":
+        count += 1
+        node = node.next_functions[0][0]
+    return count
+
+
+def test_detach_keeps_a_leak_the_program_keeps_filling_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once reported, the holder is read again by name at every boundary its share affords (a clock that
+    moves only between steps: every one here), and repaired whenever what it took lived through two."""
+    clock = [0.0]
+    for module in (_watcher, _threads):
+        monkeypatch.setattr(module, "_clock", lambda: clock[0])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    held: list[int] = []
+    RUNNING.total = torch.tensor(0.0)
+    try:
+        with gradguard.watch(mode="detach") as scope:
+            for _ in range(40):
+                out = model(torch.randn(4, 8))
+                out.pow(2).mean().backward()
+                RUNNING.total = RUNNING.total + (out - 1).pow(2).sum()  # the leak: out's graph, every step
+                opt.step()
+                opt.zero_grad()
+                held.append(_steps_held(RUNNING.total))
+                clock[0] += 1.0
+        [entry] = scope.watcher.history()
+        assert entry.holder.endswith("RUNNING.total") and entry.outcome == "repaired"
+        reported = entry.found_at
+        assert reported <= 3
+        assert max(held[reported + 5 :]) <= 3, str(held)  # repaired again and again: never more than a few steps
+    finally:
+        RUNNING.total = torch.tensor(0.0)

@@ -514,7 +514,7 @@ def test_as_a_decorator_of_functions_generators_and_coroutines() -> None:
     assert len(_global_optimizer_post_hooks) == hooks
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "often", "", None])
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "often", "", None, "²", "٣"])
 def test_a_bad_every_names_the_value_and_what_is_accepted(bad: Any) -> None:
     with pytest.raises(gradguard.GradGuardError, match=r"every=.* is not accepted; accepted: a positive whole number"):
         gradguard.watch(every=bad)

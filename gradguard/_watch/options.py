@@ -26,7 +26,7 @@ def parse_every(value: object, *, what: str = "every", accepted: str = EVERY_ACC
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
     number: object = value
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():  # not '²'
         number = int(value.strip())
     if isinstance(number, int) and not isinstance(number, bool) and number > 0:
         return number

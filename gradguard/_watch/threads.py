@@ -18,7 +18,7 @@ from .._graph.stamps import Ledger, node_key
 from .criterion import Clock
 from .schedule import Schedule
 
-__all__ = ["DEEP_FIRST", "DEEP_NODES", "DEEP_SHARE", "Held", "ThreadState", "stamp_backward"]
+__all__ = ["DEEP_FIRST", "DEEP_NODES", "DEEP_SHARE", "REVISIT_SHARE", "Held", "ThreadState", "stamp_backward"]
 
 DEEP_NODES = 32
 """Nodes stamped below a backward's roots when it is sampled (see :data:`DEEP_SHARE`); with ``every=N``
@@ -33,6 +33,11 @@ reach. The backwards of a thread's first :data:`DEEP_FIRST` boundaries, and ever
 DEEP_FIRST = 3
 """Boundaries of a thread whose backwards are all stamped below their roots."""
 
+
+REVISIT_SHARE = 0.05
+"""``detach``: the most of a thread's wall time reading the holders it repaired before may take, to find
+what the program put there since (no heap pass: by name). It keeps a leak the program keeps filling
+bounded; it spends nothing in a program that never leaked."""
 
 _clock = time.perf_counter
 
@@ -64,6 +69,8 @@ class ThreadState:
         "clock",
         "deep_at",
         "deep_costs",
+        "revisit_cost",
+        "revisit_spent",
         "held",
         "horizon",
         "ledger",
@@ -85,6 +92,17 @@ class ThreadState:
         self.busy = False
         self.deep_at = 0.0  # when the last backward was stamped below its roots
         self.deep_costs: collections.deque[float] = collections.deque(maxlen=3)  # what the last ones took
+        self.revisit_cost = 0.0  # what the last read of the holders found before took
+        self.revisit_spent = 0.0
+
+    def revisit_due(self, now: float) -> bool:
+        """Whether reading the holders found before again fits :data:`REVISIT_SHARE` of the thread's time."""
+        started = self.schedule.started
+        return started is not None and self.revisit_spent + self.revisit_cost <= REVISIT_SHARE * (now - started)
+
+    def revisited(self, cost: float) -> None:
+        self.revisit_cost = cost
+        self.revisit_spent += cost
 
 
 

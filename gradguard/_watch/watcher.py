@@ -198,6 +198,8 @@ class Watcher:
         reason = state.schedule.boundary(now, boundary, state.ledger.oldest(after=state.horizon), counts)
         if reason == "old" and self._revisit(state, boundary, source, optimizers, mode):
             reason = None  # every old graph was in a holder found before, and was acted on by name
+        elif reason is None and mode == DETACH and state.revisit_due(now):
+            self._revisit(state, boundary, source, optimizers, mode)  # a holder repaired before fills again
         if reason is None:
             return None
         return self._run_audit(state, boundary, reason, source, optimizers, mode)
@@ -305,20 +307,29 @@ class Watcher:
     def _revisit(
         self, state: ThreadState, boundary: int, source: Hashable, optimizers: tuple[Any, ...], mode: Mode
     ) -> bool:
-        """Read the holders found before by name (no heap pass), and act on their old graphs; whether
-        that accounted for every old graph the signal saw."""
+        """Read the holders found before by name (no heap pass), stamp what they took since, and act on
+        their old graphs; whether that accounted for every old graph the signal saw. In ``detach`` mode
+        this runs at every boundary the repeat share affords, so a holder the program keeps filling stays
+        bounded."""
         with self._lock:
             recipes = list(self._recipes.values())
         if not recipes:
             return False
+        start = _clock()
         with scan_lock:
             pairs = [pair for recipe in recipes for pair in recipe.resolve()]
             tensors = [t for t, _ in pairs]
             known = {id(t): path for t, path in pairs}
             del pairs
+            for t in tensors:  # what the holder took since it was last read is followed from here on
+                state.ledger.place(t.grad_fn, boundary - 1)
             born_at = ages(tensors, state.ledger)
-            leaks = self._settle(state, boundary, source, optimizers, tensors, born_at, known, partial=True)
+            survived = functools.partial(state.clock.survived, source)
+            leaks: list[Leak] = []
+            if any(survived(age.born) >= 1 for age in born_at.values()):
+                leaks = self._settle(state, boundary, source, optimizers, tensors, born_at, known, partial=True)
             del tensors, known
+        state.revisited(_clock() - start)
         if leaks:
             self._act(leaks, mode, user_frame())
         oldest = state.ledger.oldest(after=state.horizon)
