@@ -21,9 +21,14 @@ class GradGuardError(RuntimeError):
 
 
 class GraphRetentionError(GradGuardError):
-    """A record that still carries an autograd graph reached a guarded store in ``raise`` mode.
+    """An autograd graph is kept where ``raise`` mode forbids it.
 
-    The store is left exactly as it was before the refused call.
+    Raised by a guarded store or an engine adapter when a record that still carries a graph reaches
+    it (the store is left exactly as it was before the refused call), and by the step-boundary watch
+    (:class:`gradguard.Watcher`) when a holder kept a graph past the boundaries the criterion allows.
+
+    Attributes:
+        report (RetentionReport): Set only when the watch raised: every leak it found at that boundary.
     """
 
 
@@ -43,7 +48,12 @@ class GraphRetentionWarning(GradGuardWarning):
 
 
 class LossContractWarning(GradGuardWarning):
-    """A loss contract violation where the engine itself tolerates it (see the megatron adapter)."""
+    """A loss contract violation, or a check that could not decide, reported as a warning.
+
+    Emitted where the loss check's graph walk cannot decide (:func:`gradguard.check_loss`), and, for a
+    violation, by the engine adapters where the engine itself tolerates it (see
+    :func:`gradguard.engines.megatron.configure`).
+    """
 
 
 for _cls in (

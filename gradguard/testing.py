@@ -27,19 +27,35 @@ __all__ = ["MemoryProbe", "assert_no_graph", "assert_no_retention", "assert_rele
 
 
 def assert_no_retention(*, ignore: Ignore = None) -> None:
-    """Audit the whole process now (:func:`gradguard.audit`) and raise ``AssertionError`` with the
-    report's table when any live autograd graph is held. ``ignore`` as in :func:`gradguard.audit`.
+    """Audit the whole process now (:func:`gradguard.audit`): fail when any live autograd graph is held.
 
     Call it where no graph should be alive: after ``optimizer.step()``, with the step's own ``loss``
     deleted (or ignored: ``ignore="tests/test_train.py"`` for the test's frame locals).
+
+    Args:
+        ignore: Graphs kept on purpose, as for :func:`gradguard.audit`.
+
+    Raises:
+        AssertionError: a live graph is held; the message is the audit's table.
+        GradGuardError: a bad ``ignore``, naming it.
     """
     report = audit(ignore=ignore)
     if len(report):
         raise AssertionError(f"live autograd graphs are still held:\n{report}")
 
 
-def assert_no_graph(obj: Any, what: str = "object") -> None:
-    """Raise ``AssertionError`` listing every tensor in ``obj`` that still carries ``grad_fn``."""
+def assert_no_graph(obj: object, what: str = "object") -> None:
+    """Fail when ``obj`` holds a tensor that still carries ``grad_fn``.
+
+    Looks where :func:`gradguard.find_graphs` looks.
+
+    Args:
+        obj: Any object: a record, a store, a container of tensors.
+        what: What ``obj`` is, in the message.
+
+    Raises:
+        AssertionError: listing every such tensor, by path, ``grad_fn``, shape and dtype.
+    """
     graphs = find_graphs(obj)
     if graphs:
         lines = "\n".join(
@@ -49,10 +65,16 @@ def assert_no_graph(obj: Any, what: str = "object") -> None:
 
 
 def assert_released(refs: weakref.ref[Any] | Iterable[weakref.ref[Any]], what: str = "object") -> None:
-    """After a ``gc.collect()``, raise ``AssertionError`` unless every weak reference is dead.
+    """After a ``gc.collect()``, fail unless every weak reference is dead.
 
-    Pass ``weakref.ref(tensor)`` (or several): a tensor passed itself would be kept alive by the
-    call, so it is refused with a ``TypeError`` saying so.
+    Args:
+        refs: ``weakref.ref(tensor)``, or an iterable of weak references. A tensor passed itself
+            would be kept alive by the call, so it is refused.
+        what: What the references point to, in the message.
+
+    Raises:
+        AssertionError: some referents are still alive, naming how many and their indices.
+        TypeError: ``refs`` is a tensor, or an item is not a ``weakref.ref``.
     """
     if isinstance(refs, torch.Tensor):
         raise TypeError(
@@ -76,9 +98,16 @@ def assert_released(refs: weakref.ref[Any] | Iterable[weakref.ref[Any]], what: s
 class MemoryProbe:
     """Live bytes after each iteration, and their growth per iteration (least-squares slope).
 
-    CPU: exact live tensor bytes of tensors created inside the probe (see ``gradguard.bench``); CUDA:
-    ``torch.cuda.memory_allocated()`` after a synchronize. Call :meth:`step` at the end of each
-    iteration. Use it as a context manager, or through the ``gradguard_probe`` pytest fixture.
+    Call :meth:`step` at the end of each iteration. Use it as a context manager, or through the
+    ``gradguard_probe`` pytest fixture.
+
+    Args:
+        device: What to measure. ``"cpu"``: the exact live bytes of the tensors created inside the
+            probe (as ``gradguard bench`` measures); a CUDA device: ``torch.cuda.memory_allocated()``
+            after a synchronize.
+
+    Attributes:
+        readings: The readings so far, in bytes: one on entering, then one per :meth:`step`.
     """
 
     def __init__(self, device: str | torch.device = "cpu") -> None:
@@ -101,7 +130,14 @@ class MemoryProbe:
             )
 
     def step(self) -> int:
-        """Take a reading now (end of an iteration); returns it."""
+        """Take a reading now, at the end of an iteration.
+
+        Returns:
+            The reading, in bytes (also appended to :attr:`readings`).
+
+        Raises:
+            RuntimeError: the probe was not entered.
+        """
         self._entered("step")
         value = self._meter.read()
         self.readings.append(value)
@@ -118,7 +154,16 @@ class MemoryProbe:
         return self._meter.peak()
 
     def assert_growth_below(self, max_bytes_per_step: float) -> None:
-        """Raise ``AssertionError`` when memory grew more than ``max_bytes_per_step`` per iteration."""
+        """Fail when memory grew more than ``max_bytes_per_step`` per iteration.
+
+        Args:
+            max_bytes_per_step: The most growth per iteration that passes, in bytes
+                (:attr:`growth_per_step` is compared with it).
+
+        Raises:
+            AssertionError: it grew more, or fewer than 2 :meth:`step` readings were taken.
+            RuntimeError: the probe was not entered.
+        """
         self._entered("assert_growth_below")
         if len(self.readings) < 3:
             raise AssertionError(

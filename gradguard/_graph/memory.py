@@ -25,21 +25,22 @@ from .nodes import saved_names
 __all__ = ["graph_memory", "pinned_bytes", "released_bytes"]
 
 
-def _distinct_tensors(obj: Any) -> Iterator[torch.Tensor]:
+def _distinct_tensors(obj: object) -> Iterator[torch.Tensor]:
     """Each distinct tensor in ``obj``: the tree walk's, used here and nowhere else in this module."""
     return (t for _, t in iter_tensors(obj))
 
 
-def pinned_bytes(obj: Any) -> int:
+def pinned_bytes(obj: object) -> int:
     """Estimate the bytes that the autograd graphs reachable from ``obj`` keep alive.
 
     Counted, each piece of memory once (keyed by device and data pointer):
-      * leaves reached through ``AccumulateGrad`` nodes that are not ``nn.Parameter``s (receive
-        buffers, embedding outputs made leaves by ``enable_input_require_grads``, checkpoint
-        inputs), and their ``.grad``;
-      * tensors saved for backward that have not been freed yet (all of them in a forward-only
-        pass with grad enabled; none after ``backward()`` without ``retain_graph``);
-      * for saved tensors packed by saved-tensor hooks, the packed object when it is a tensor.
+
+    * leaves reached through ``AccumulateGrad`` nodes that are not ``nn.Parameter``s (receive
+      buffers, embedding outputs made leaves by ``enable_input_require_grads``, checkpoint
+      inputs), and their ``.grad``;
+    * tensors saved for backward that have not been freed yet (all of them in a forward-only
+      pass with grad enabled; none after ``backward()`` without ``retain_graph``);
+    * for saved tensors packed by saved-tensor hooks, the packed object when it is a tensor.
 
     A tensor counts for the memory it really holds: a sparse tensor its indices and values, a
     ``DTensor`` its local shard, a jagged nested tensor and any other traceable wrapper subclass the
@@ -51,12 +52,23 @@ def pinned_bytes(obj: Any) -> int:
     themselves, parameters, views of them saved for backward (``addmm`` saves ``weight.t()``) and
     their gradients (they outlive any record anyway), and tensors held by Python closures or
     ``ctx`` attributes other than ``save_for_backward``.
+
+    The walk never runs backward, never calls a checkpointed function and never unpacks a saved
+    tensor that has saved-tensor hooks: the graphs, and the gradients they will produce, are left
+    exactly as they were.
+
+    Args:
+        obj: Any object: the graphs of every tensor in it that carries ``grad_fn`` are counted,
+            looked for where :func:`gradguard.find_graphs` looks.
+
+    Returns:
+        The estimate, in bytes; 0 when ``obj`` holds no graph.
     """
     roots = [t.grad_fn for t in _distinct_tensors(obj) if t.grad_fn is not None]
     return graph_memory(roots, set())[0]
 
 
-def released_bytes(obj: Any) -> int:
+def released_bytes(obj: object) -> int:
     """Estimate the bytes that detaching ``obj``'s graph tensors releases: what their graphs keep
     pinned once a backward has run through them (its saved tensors are freed by the backward anyway):
     the leaves reached through ``AccumulateGrad`` that are not ``nn.Parameter``s, and their ``.grad``

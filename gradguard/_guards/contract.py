@@ -118,14 +118,28 @@ def _verdict(
 def check_loss(loss: T, *, name: str = "scaled_loss", params: Params | None = None) -> T:
     """Return ``loss`` unchanged after checking it can train.
 
-    When grad is enabled and ``loss`` is a tensor: raise :class:`LossContractError` if it does not
-    require grad; with ``params`` (a module, or an iterable of parameters or ``(name, parameter)``
-    pairs), also raise if its graph does not reach every trainable parameter, naming those missed.
-    Where the graph walk cannot decide for some parameters (see the module docstring) they pass,
-    with a :class:`LossContractWarning` saying which and why (Python shows it once per call site).
-    Not checked: non-tensor losses, calls under ``torch.no_grad()``, and losses inside
-    ``torch.func`` forward-mode or batching transforms (``jvp``, ``jacfwd``, ``vmap``). The graph
-    walk visits each node once and runs nothing.
+    Checked when grad is enabled and ``loss`` is a tensor. Not checked: non-tensor losses, calls under
+    ``torch.no_grad()``, and losses inside ``torch.func`` forward-mode or batching transforms (``jvp``,
+    ``jacfwd``, ``vmap``). The graph walk visits each node once and runs nothing; it never runs
+    backward and never changes the loss or its graph.
+
+    Args:
+        loss: The loss that will be back-propagated.
+        name: The loss's name in messages.
+        params: The trainable parameters its graph must reach: a module, or an iterable of parameters
+            or of ``(name, parameter)`` pairs; ``None`` checks only that ``loss`` requires grad.
+
+    Returns:
+        ``loss`` itself.
+
+    Raises:
+        LossContractError: ``loss`` does not require grad, or its graph does not reach every trainable
+            parameter of ``params`` (naming those missed).
+        TypeError: ``params`` is none of the accepted kinds, naming the item that is not.
+
+    Warns:
+        LossContractWarning: where the walk cannot decide for some parameters (a recomputing checkpoint
+            it cannot look into, FSDP2 parameters it cannot map), naming them and why; they pass.
     """
     violation, undecided = _verdict(loss, name, None if params is None else _for_walk(params))
     if violation is not None:
@@ -138,20 +152,26 @@ def check_loss(loss: T, *, name: str = "scaled_loss", params: Params | None = No
 class LossCheck:
     """One configured loss check: what to check, how often the graph walk runs, what a violation does.
 
-    ``check``: ``"requires_grad"``, ``"reaches_params"`` (needs ``params``) or ``None`` (checks
-    nothing). ``params``, used by ``"reaches_params"`` only: an ``nn.Module``, whose parameters are
-    re-read at every walk (so parameters added or replaced later, by ``fully_shard`` or PEFT, are
-    seen; under FSDP2 pass the module), or one tensor, or an iterable of parameters or of
-    ``(name, parameter)`` pairs (a list, or a one-shot iterator such as ``model.parameters()``),
-    read once, here. ``check_every=N`` runs the walk on every N-th call only; the other calls
-    still check ``requires_grad``. ``on_violation``: ``"raise"`` (a :class:`LossContractError`),
-    ``"warn"`` (a :class:`LossContractWarning`) or ``"off"``. ``name`` names the loss in messages;
-    ``on_violation_option`` is the name the user set ``on_violation`` by (an adapter's own
-    option), shown when its value is refused.
-
     Calling it with a loss checks it as :func:`check_loss` does. What the walk cannot decide is a
     :class:`LossContractWarning` once per ``LossCheck``, whatever ``on_violation`` says (a guess
     is never an error).
+
+    Args:
+        check: ``"requires_grad"``, ``"reaches_params"`` (needs ``params``) or ``None`` (checks nothing).
+        params: Used by ``"reaches_params"`` only: an ``nn.Module``, whose parameters are re-read at
+            every walk (so parameters added or replaced later, by ``fully_shard`` or PEFT, are seen;
+            under FSDP2 pass the module), or one tensor, or an iterable of parameters or of
+            ``(name, parameter)`` pairs (a list, or a one-shot iterator such as ``model.parameters()``),
+            read once, here.
+        check_every: Run the walk on every N-th call only; the other calls still check ``requires_grad``.
+        on_violation: ``"raise"`` (a :class:`LossContractError`), ``"warn"`` (a
+            :class:`LossContractWarning`) or ``"off"``.
+        name: The loss's name in messages.
+        on_violation_option: The name the user set ``on_violation`` by (an adapter's own option),
+            shown when its value is refused.
+
+    Raises:
+        GradGuardError: a bad option, naming it and what is accepted.
     """
 
     __slots__ = ("check", "params", "check_every", "on_violation", "name", "walks", "_calls", "_active", "_told")

@@ -1,21 +1,12 @@
 """``@gradguard.forward_step``: keep the loss live and checked, publish everything else.
 
-Two result shapes are understood (see :mod:`gradguard._guards.results`), told apart by whether the second
-element is callable:
-
-* verl style ``(loss, output, ...)`` (or a mapping): the element at ``loss`` stays live and is
-  checked unless the call is forward-only or grad is disabled; every other element is published.
-* Megatron style ``(output_tensor, loss_func)``: the output tensor is left alone (Megatron
-  back-propagates it); ``loss_func`` is wrapped so that its ``(loss, [num_tokens,] report)`` keeps the
-  loss live and checked and publishes the rest.
-
-The mode is read at each call, so ``enforce()``, ``set_mode()`` and ``GRADGUARD`` apply to functions
-decorated before them. ``async def`` functions are awaited first; generator functions are refused.
+The result shapes it understands are in :func:`forward_step`'s docstring and
+:mod:`gradguard._guards.results`; the guide: ``docs/guide/loss-contract.md``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -34,20 +25,46 @@ _DEFAULT_CHECK: Any = object()
 def forward_step(
     fn: Callable[..., Any] | None = None,
     *,
-    loss: Any = 0,
+    loss: Hashable = 0,
     forward_only: str | None = "forward_only",
     check: Check = _DEFAULT_CHECK,
     params: Params | None = None,
     check_every: int = 1,
-) -> Any:
+) -> Callable[..., Any]:
     """Decorate an engine's ``forward_step`` (function, method or ``async def``); usable bare or with options.
 
-    ``loss`` is the index (or mapping key) of the live loss in a verl-style result; ``forward_only``
-    names the argument that marks forward-only calls (their loss is not checked; ``None``: no such
-    argument). ``check`` is ``"requires_grad"``, ``"reaches_params"`` (needs ``params``: a module, or
-    its parameters, read once here) or ``None``; left out, it is ``"reaches_params"`` when ``params``
-    is given and ``"requires_grad"`` otherwise. ``check_every=N`` runs the ``reaches_params`` graph
-    walk on every N-th call only. Name, docstring and signature are kept.
+    Two result shapes are understood, told apart by whether the second element is callable:
+
+    * verl style ``(loss, output, ...)`` (or a mapping): the element at ``loss`` stays live and is
+      checked unless the call is forward-only or grad is disabled; every other element is published.
+    * Megatron style ``(output_tensor, loss_func)``: the output tensor is left alone (Megatron
+      back-propagates it); ``loss_func`` is wrapped so that its ``(loss, [num_tokens,] report)`` keeps
+      the loss live and checked and publishes the rest.
+
+    The mode is read at each call, so ``enforce()``, ``set_mode()`` and ``GRADGUARD`` apply to functions
+    decorated before them. ``async def`` functions are awaited first. The decorated function keeps its
+    name, docstring and signature.
+
+    Args:
+        fn: The function, when used bare (``@gradguard.forward_step``); ``None`` when called with options.
+        loss: The index (or mapping key) of the live loss in a verl-style result.
+        forward_only: The name of the argument that marks forward-only calls, whose loss is not
+            checked; ``None``: no such argument.
+        check: ``"requires_grad"``, ``"reaches_params"`` (needs ``params``) or ``None`` (checks
+            nothing); left out, ``"reaches_params"`` when ``params`` is given, else ``"requires_grad"``.
+        params: For ``"reaches_params"``: a module (its parameters re-read at each walk), or its
+            parameters, or ``(name, parameter)`` pairs, read once, here.
+        check_every: Run the ``reaches_params`` graph walk on every N-th call only (the other calls
+            still check ``requires_grad``); a positive ``int``.
+
+    Returns:
+        The guarded function when ``fn`` is given, else a decorator that guards the function it is given.
+
+    Raises:
+        GradGuardError: a bad option (naming it and what is accepted), or, when decorating, a class or a
+            generator function; a call whose verl-style result has no element at ``loss``.
+        TypeError: decorating something that is not callable.
+        LossContractError: at a call, the loss fails its check (see :func:`check_loss`).
     """
     if check is _DEFAULT_CHECK:
         check = "reaches_params" if params is not None else "requires_grad"

@@ -371,17 +371,31 @@ def guard_in_place(store: Any, label: str, mode: Mode | None = None, offload: st
 def guard(store: S, *, mode: str | None = None, name: str | None = None, offload: str | None = None) -> S:
     """A store that detaches (per ``mode``) everything put into it.
 
-    * A ``list``, ``dict``, ``collections.OrderedDict``, ``collections.defaultdict`` or
-      ``collections.deque`` gives a *new* store of that type (a real subclass), holding ``store``'s
-      items published as if appended; ``store`` itself is left as it is. Keep using the returned
-      object: ``output_lst = gradguard.guard([], name="output_lst")``.
-    * Any other mutable sequence or mapping (``UserList``, a subclass of ``list``/``dict``), or any
-      object with an ``append`` method, is guarded *in place*: the returned proxy passes
-      ``isinstance`` as that object, and what is stored lands in the object itself.
+    Guarding a guarded store returns it unchanged.
 
-    ``mode`` overrides the context's mode for this store (see :func:`gradguard.get_mode`); ``name``
-    labels it in messages and stats; ``offload="cpu"`` also moves published tensors to the CPU.
-    Guarding a guarded store returns it unchanged; asking for other options than its own is an error.
+    Args:
+        store: The container to guard. A ``list``, ``dict``, ``collections.OrderedDict``,
+            ``collections.defaultdict`` or ``collections.deque`` gives a *new* store of that type (a
+            real subclass), holding ``store``'s items published as if appended; ``store`` itself is
+            left as it is, so keep using the returned object:
+            ``output_lst = gradguard.guard([], name="output_lst")``. Any other mutable sequence or
+            mapping (``UserList``, a subclass of ``list``/``dict``), or any object with an ``append``
+            method, is guarded *in place*: the returned proxy passes ``isinstance`` as that object,
+            and what is stored lands in the object itself.
+        mode: This store's mode (``"off"``, ``"detach"``, ``"warn"``, ``"raise"`` or an alias), or
+            ``None`` for the mode in force at each store (see :func:`gradguard.get_mode`).
+        name: The store's label in messages and stats; ``None`` labels it by type and address.
+        offload: ``"cpu"`` also moves published tensors to the CPU; ``None`` leaves them where they are.
+
+    Returns:
+        The guarded store: a new store of ``store``'s type, a proxy of ``store``, or ``store`` itself
+        when it is already guarded.
+
+    Raises:
+        TypeError: ``store`` is a class, or an object with no ``append`` that is not a mutable
+            sequence or mapping; ``name`` is not a ``str``.
+        GradGuardError: a bad ``mode`` or ``offload``, or ``store`` is already guarded with other
+            options than those asked for (guard ``gradguard.unwrap(store)`` instead).
     """
     if isinstance(store, type):
         raise TypeError(
@@ -419,8 +433,12 @@ def guard(store: S, *, mode: str | None = None, name: str | None = None, offload
 def unwrap(store: S) -> S:
     """The plain container behind a guarded store.
 
-    An in-place store gives the object it wraps; a store made by :func:`guard` gives a new plain
-    container of its type with the same items. Any other object is returned as it is.
+    Args:
+        store: A store returned by :func:`guard`, or any other object.
+
+    Returns:
+        For an in-place store, the object it wraps; for a store :func:`guard` made, a new plain
+        container of its type with the same items; any other object as it is.
     """
     if isinstance(store, _InPlace):
         return store.__wrapped__  # type: ignore[no-any-return]

@@ -32,7 +32,7 @@ import threading
 import types
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 from torch.utils import _pytree
@@ -55,6 +55,7 @@ __all__ = [
     "unregister_container",
 ]
 
+C = TypeVar("C")
 _Tensor = torch.Tensor
 Flatten = Callable[[Any], tuple[list[Any], Any]]
 Unflatten = Callable[[list[Any], Any], Any]
@@ -448,19 +449,30 @@ def callable_kind(cls: type) -> bool:
 
 
 def register_container(
-    cls: type,
-    flatten: Callable[[Any], tuple[Iterable[Any], Any]],
-    unflatten: Callable[[list[Any], Any], Any],
+    cls: type[C],
+    flatten: Callable[[C], tuple[Iterable[Any], Any]],
+    unflatten: Callable[[list[Any], Any], C],
     *,
     replace: bool = False,
 ) -> None:
     """Teach :func:`gradguard.detach_tree` and :func:`gradguard.find_graphs` a container type (and its subclasses).
 
-    ``flatten(obj)`` returns ``(children, context)``; ``unflatten(children, context)`` builds a *new*
-    container from a list of (possibly detached) children and that context: it is only called when
-    some child changed, and must not mutate the original. A registration takes precedence over every
-    built-in rule and over ``torch.utils._pytree``. Registering a type twice is a
-    :class:`GradGuardError` unless ``replace=True``.
+    A registration takes precedence over every built-in rule and over ``torch.utils._pytree``.
+
+    Args:
+        cls: The container class; not ``dict``, ``list``, ``tuple``, a tensor class or an atom
+            (numbers, strings, ...), which are handled natively.
+        flatten: ``flatten(obj) -> (children, context)``: the children to walk, and whatever
+            ``unflatten`` needs to rebuild the container around them.
+        unflatten: ``unflatten(children, context) -> new container``, from a list of (possibly
+            detached) children and that context: only called when some child changed, and must build
+            a *new* container without mutating the original.
+        replace: Replace the functions of a type already registered.
+
+    Raises:
+        TypeError: ``cls`` is not a class, or ``flatten``/``unflatten`` is not callable.
+        GradGuardError: ``cls`` is handled natively, or is already registered and ``replace`` is false;
+            during a walk, ``flatten`` returned something other than ``(children, context)``.
     """
     if not isinstance(cls, type):
         raise TypeError(f"register_container: cls must be a class, got {cls!r}")
@@ -504,7 +516,14 @@ def _forget() -> None:
 
 
 def unregister_container(cls: type) -> None:
-    """Undo :func:`register_container` for ``cls``; a ``KeyError`` names a type never registered."""
+    """Undo :func:`register_container` for ``cls``.
+
+    Args:
+        cls: A class registered with :func:`register_container`.
+
+    Raises:
+        KeyError: ``cls`` was never registered, naming it.
+    """
     with _lock:
         if cls not in _user_specs:
             raise KeyError(f"unregister_container: {cls!r} was never registered")

@@ -17,7 +17,7 @@ keep the self-reference).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
@@ -37,6 +37,7 @@ __all__ = [
     "substitute",
 ]
 
+T = TypeVar("T")
 _Tensor = torch.Tensor
 _MAX_DEPTH = 100
 
@@ -46,21 +47,32 @@ Detached = tuple[Any, int]
 the number of distinct graph tensors it replaced."""
 
 
-def detach_tree(obj: Any) -> Any:
+def detach_tree(obj: T) -> T:
     """Return ``obj`` with every tensor that carries ``grad_fn`` replaced by ``tensor.detach()``.
 
     Contract:
-      * A detached tensor shares its storage, keeps its subclass (nested tensors, ``DTensor``,
-        quantized subclasses) and its Python attributes. Leaves, parameters included, and tensors
-        without ``grad_fn`` are the same objects.
-      * Lazy: a container in which nothing changed comes back as the *same object*; a changed one is
-        a new container of the same type, with the same non-tensor content and state, whose unchanged
-        branches are the original objects. The input is never mutated.
-      * References stay shared: a tensor or container reached twice is replaced by one object.
-      * Objects that no rule can rebuild pass through untouched, as do dict keys and set elements
-        (they hash by identity); :func:`find_graphs` still looks into them. See :func:`register_container`.
-      * Any depth and self-reference terminate; a self-referencing container that would have to be
-        rebuilt raises :class:`GradGuardError`, as does a container whose rebuild fails.
+
+    * A detached tensor shares its storage, keeps its subclass (nested tensors, ``DTensor``,
+      quantized subclasses) and its Python attributes. Leaves, parameters included, and tensors
+      without ``grad_fn`` are the same objects.
+    * Lazy: a container in which nothing changed comes back as the *same object*; a changed one is
+      a new container of the same type, with the same non-tensor content and state, whose unchanged
+      branches are the original objects. The input is never mutated.
+    * References stay shared: a tensor or container reached twice is replaced by one object.
+    * Objects that no rule can rebuild pass through untouched, as do dict keys and set elements
+      (they hash by identity); :func:`find_graphs` still looks into them. See :func:`register_container`.
+    * Any depth and self-reference terminate.
+
+    Args:
+        obj: Any object: a tensor, a container of them at any depth, or an object no rule knows.
+
+    Returns:
+        ``obj`` itself when it holds no tensor that carries ``grad_fn``; else a copy of the same type
+        in which those tensors are detached.
+
+    Raises:
+        GradGuardError: a self-referencing container that would have to be rebuilt, or a container
+            whose rebuild fails.
     """
     return _Walk(_detach_tensor).visit(obj, 0)
 
@@ -299,31 +311,43 @@ def _containers_spec(cls: type) -> Spec:
 class GraphRecord(NamedTuple):
     """One tensor that carries ``grad_fn``, found by :func:`find_graphs`.
 
-    ``path`` is how to reach it from the inspected object, e.g. ``['model_output']['log_probs']``,
-    ``[3].entropy`` or ``.keys()[0]`` (a dict key); the empty string is the object itself. ``shape`` is
-    ``None`` where the tensor has no single shape (strided nested tensors). The record holds no
-    reference to the tensor, so keeping it pins nothing.
+    The record holds no reference to the tensor, so keeping it pins nothing.
+
+    Attributes:
+        path: How to reach the tensor from the inspected object, e.g. ``['model_output']['log_probs']``,
+            ``[3].entropy`` or ``.keys()[0]`` (a dict key); the empty string is the object itself.
+        shape: The tensor's shape (a jagged nested tensor's ragged size is a ``torch.SymInt``); ``None``
+            where the tensor has no single shape (strided nested tensors).
+        dtype: The tensor's dtype.
+        device: The tensor's device.
+        grad_fn: The name of its ``grad_fn``'s type, e.g. ``"MulBackward0"``.
     """
 
     path: str
-    shape: tuple[Any, ...] | None
+    shape: tuple[int | torch.SymInt, ...] | None
     dtype: torch.dtype
     device: torch.device
     grad_fn: str
 
 
-def find_graphs(obj: Any) -> list[GraphRecord]:
-    """One :class:`GraphRecord` per distinct tensor in ``obj`` that carries ``grad_fn``, in container order.
+def find_graphs(obj: object) -> list[GraphRecord]:
+    """Every distinct tensor in ``obj`` that carries ``grad_fn``.
 
     Looks everywhere :func:`detach_tree` looks, and also where it cannot rebuild: dict keys, set
     elements, a registered pytree node's context, tensors' attributes, and the attributes of objects
     no rule knows (read from their ``__dict__`` and slots, never through user code). Classes, modules
     and functions are not looked into. Each object is visited once, so cycles terminate.
+
+    Args:
+        obj: Any object: a tensor, a container of them at any depth, or an object no rule knows.
+
+    Returns:
+        One :class:`GraphRecord` per tensor, in container order (depth first); empty when there is none.
     """
     return [graph_record(t, path) for path, t in iter_tensors(obj) if t.grad_fn is not None]
 
 
-def iter_tensors(obj: Any) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_tensors(obj: object) -> Iterator[tuple[str, torch.Tensor]]:
     """``(path, tensor)`` for each distinct tensor reachable from ``obj``, depth first, in container order."""
     seen: set[int] = set()
     keep_alive: list[Any] = []  # ids stay unique only while their objects live; flatten may make new ones
@@ -365,7 +389,7 @@ def iter_tensors(obj: Any) -> Iterator[tuple[str, torch.Tensor]]:
 def graph_record(t: torch.Tensor, path: str = "") -> GraphRecord:
     """The :class:`GraphRecord` of ``t``, a tensor that carries ``grad_fn``, found at ``path``."""
     try:
-        shape: tuple[Any, ...] | None = tuple(t.shape)
+        shape: tuple[int | torch.SymInt, ...] | None = tuple(t.shape)
     except RuntimeError:
         shape = None
     return GraphRecord(path, shape, t.dtype, t.device, type(t.grad_fn).__name__)

@@ -55,42 +55,48 @@ tables (lists of every object) as referrers and slows down many times over."""
 class Retention:
     """One holder of live autograd graphs: what :func:`gradguard.audit` reports.
 
-    * ``path``: one concrete path from a root to a tensor it holds, spelled as Python does:
-      ``mypkg.train:HISTORY[3]['loss']`` (a module global), ``mypkg.train:Trainer.cache`` (a class
-      attribute), ``train.py:42 in train_step: metrics['loss_sum']`` (a frame local, in any thread,
-      or in a suspended generator or coroutine), ``closure of mypkg.train:make.<locals>.add: total``.
-      Only what a module global or a thread's frame reaches is listed: garbage cycles are not.
-    * ``holder``: the path with sequence indices as ``[*]`` and without a line number:
-      ``mypkg.train:HISTORY[*]['loss']``. All the tensors reached through one holder are one entry.
-    * ``kind``: what the path is named from: ``"global"`` (a module global), ``"local"`` (a frame
-      local: of a thread, or of a suspended generator or coroutine) or ``"cell"`` (a closure).
-    * ``grad_fn``, ``shape``, ``dtype``, ``device``: of the tensor at ``path`` (``shape`` is ``None``
-      where it has no single shape).
-    * ``tensors``: how many graph tensors this holder keeps; ``nodes``: how many distinct autograd
-      nodes their graphs have (a holder that accumulates, ``loss_sum += loss``, grows by nodes).
-    * ``pinned_bytes``: what the graphs keep alive (the rules of :func:`gradguard.pinned_bytes`),
-      each storage counted once across the whole report, for the holder that pins the most.
-    * ``node_bytes``: what the graphs' own autograd nodes take, estimated at a fixed figure per node
-      (``NODE_BYTES``, 700 bytes) and counted once across the report: after a backward a kept loss
-      pins no tensor, but its nodes stay (a ``loss_sum += loss`` grows by them every step).
-    * ``fix``: what to do about it, offered only where it applies: a change the user can make that
-      releases the graph (checked: the suggested guard would detach this holder's value), or, for
-      a graph held in a library's state, where to pass a detached value instead.
-    * ``thread``: the name of the thread whose running frame holds it (``kind == "local"``, not a
-      suspended generator's frame); ``None`` otherwise. Another thread in the middle of its forward
-      is listed like any holder: telling its live graph from a leak is the caller's business.
-    * ``alive``: whether a backward through its graphs can still succeed: ``False`` once a backward
-      freed them or a tensor they saved was modified in place (an optimizer step), so detaching them
-      changes no gradient.
-
     A record refers to no tensor and no object of the program: keeping it pins nothing.
+
+    Attributes:
+        path: One concrete path from a root to a tensor it holds, spelled as Python does:
+            ``mypkg.train:HISTORY[3]['loss']`` (a module global), ``mypkg.train:Trainer.cache`` (a class
+            attribute), ``train.py:42 in train_step: metrics['loss_sum']`` (a frame local, in any
+            thread, or in a suspended generator or coroutine), ``closure of
+            mypkg.train:make.<locals>.add: total``. Only what a module global, a thread's frame or a
+            named root reaches is listed: garbage cycles are not.
+        holder: The path with sequence indices as ``[*]`` and without a line number:
+            ``mypkg.train:HISTORY[*]['loss']``. All the tensors reached through one holder are one entry.
+        kind: What the path is named from: ``"global"`` (a module global), ``"local"`` (a frame local:
+            of a thread, or of a suspended generator or coroutine), ``"cell"`` (a closure) or
+            ``"named"`` (an object a framework names, such as a Ray actor's instance).
+        grad_fn: The name of the ``grad_fn`` type of the tensor at ``path``.
+        shape: That tensor's shape; ``None`` where it has no single shape.
+        dtype: That tensor's dtype.
+        device: That tensor's device.
+        tensors: How many graph tensors this holder keeps.
+        nodes: How many distinct autograd nodes their graphs have (a holder that accumulates,
+            ``loss_sum += loss``, grows by nodes).
+        pinned_bytes: What the graphs keep alive (the rules of :func:`gradguard.pinned_bytes`), each
+            storage counted once across the whole report, for the holder that pins the most.
+        fix: What to do about it, offered only where it applies: a change the user can make that
+            releases the graph (checked: the suggested guard would detach this holder's value), or,
+            for a graph held in a library's state, where to pass a detached value instead; else ``""``.
+        thread: The name of the thread whose running frame holds it (``kind == "local"``, not a
+            suspended generator's frame); ``None`` otherwise. Another thread in the middle of its
+            forward is listed like any holder: telling its live graph from a leak is the caller's business.
+        alive: Whether a backward through its graphs can still succeed: ``False`` once a backward freed
+            them or a tensor they saved was modified in place (an optimizer step), so detaching them
+            changes no gradient.
+        node_bytes: What the graphs' own autograd nodes take, estimated at a fixed figure per node
+            (``NODE_BYTES``) and counted once across the report: after a backward a kept loss pins no
+            tensor, but its nodes stay (a ``loss_sum += loss`` grows by them every step).
     """
 
     path: str
     holder: str
     kind: str
     grad_fn: str
-    shape: tuple[int, ...] | None
+    shape: tuple[int | torch.SymInt, ...] | None
     dtype: torch.dtype
     device: torch.device
     tensors: int
@@ -102,7 +108,11 @@ class Retention:
     node_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: dtype and device as strings, shape as a list."""
+        """The record as JSON-ready values.
+
+        Returns:
+            Every field by name: dtype and device as strings, shape as a list (or ``None``).
+        """
         entry = dataclasses.asdict(self)
         entry.update(
             shape=None if self.shape is None else list(self.shape), dtype=str(self.dtype), device=str(self.device)
@@ -116,12 +126,19 @@ Ignore = str | Iterable[str] | Callable[[Retention], bool] | None
 class RetentionReport(Sequence[Retention]):
     """What :func:`gradguard.audit` found: the :class:`Retention` entries, most pinned bytes first.
 
-    ``len(report)``, iteration and indexing give the entries; ``report.pinned_bytes`` is their true
-    total (no storage counted twice); ``report.untraced`` counts graph tensors alive that no root
-    reaches (garbage cycles not collected yet, tensors only C++ code holds): they are not entries.
-    ``report.frozen`` is how many objects ``gc.freeze()`` had frozen: Python's collector lists
-    neither them nor what refers to them, so a graph held by a container made before the freeze is
-    counted as untraced, not named. ``print(report)`` shows a table; ``report.to_dict()`` is JSON-ready.
+    ``len(report)``, iteration and indexing give the entries; ``print(report)`` shows a table.
+
+    Args:
+        entries: The holders found.
+        untraced: Graph tensors alive that no root reaches (garbage cycles not collected yet, tensors
+            only C++ code holds): they are not entries.
+        frozen: How many objects ``gc.freeze()`` had frozen: Python's collector lists neither them nor
+            what refers to them, so a graph held by a container made before the freeze is counted as
+            untraced, not named.
+
+    Attributes:
+        untraced: As given.
+        frozen: As given.
     """
 
     def __init__(self, entries: Iterable[Retention], untraced: int = 0, frozen: int = 0) -> None:
@@ -140,17 +157,26 @@ class RetentionReport(Sequence[Retention]):
 
     @property
     def pinned_bytes(self) -> int:
+        """The entries' total pinned bytes (no storage counted twice)."""
         return sum(e.pinned_bytes for e in self._entries)
 
     @property
     def node_bytes(self) -> int:
+        """The entries' total estimated bytes of autograd nodes."""
         return sum(e.node_bytes for e in self._entries)
 
     @property
     def tensors(self) -> int:
+        """The graph tensors the entries keep, in all."""
         return sum(e.tensors for e in self._entries)
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready values.
+
+        Returns:
+            ``holders``, ``tensors``, ``pinned_bytes``, ``node_bytes``, ``untraced``, ``frozen``, and
+            ``entries``: each entry's :meth:`Retention.to_dict`.
+        """
         return {
             "holders": len(self._entries),
             "tensors": self.tensors,
@@ -292,15 +318,25 @@ def audit(*, ignore: Ignore = None) -> RetentionReport:
     Looks at the whole process: module globals, class attributes, closure cells, the frames of
     every thread (a thread in the middle of a forward is listed too) and of suspended generators and
     coroutines. Never an ``nn.Parameter`` or a view of one (a tied weight), never a FakeTensor or
-    another tensor torch.compile traces with, never gradguard's own objects or frames. ``ignore``
-    takes path prefixes (a str, or an iterable of str, matched against ``path`` and ``holder``) or a
-    predicate called with each :class:`Retention`, for graphs kept on purpose (double backward,
-    ``retain_graph=True``); anything else raises :class:`GradGuardError`.
+    another tensor torch.compile traces with, never gradguard's own objects or frames.
 
     The audit never mutates anything, never calls the program's code (no ``__iter__``, property or
     ``__getattr__`` of its objects, no frame's ``locals()`` snapshot written), never unpacks a saved
     tensor that has hooks, and keeps nothing alive once it returns: the report holds strings and
-    numbers only. See :class:`Retention` for the fields.
+    numbers only.
+
+    Args:
+        ignore: Graphs kept on purpose (double backward, ``retain_graph=True``): path prefixes (a
+            ``str``, or an iterable of ``str``, matched against an entry's ``path`` and ``holder``), or
+            a predicate called with each :class:`Retention`, true for those to leave out; ``None``
+            leaves nothing out.
+
+    Returns:
+        One :class:`Retention` per holder, the current step's own ``loss`` included (deciding what is
+        a leak is the watch's business).
+
+    Raises:
+        GradGuardError: ``ignore`` is none of the accepted kinds (or holds an empty prefix), naming it.
     """
     keep_out = check_ignore(ignore)
     with scan_lock:

@@ -31,12 +31,20 @@ def _positive_int(name: str, value: object, accepted: str) -> None:
 class TriggerSettings:
     """The low-water rise rule's settings (the rule and why these defaults: the guide's *Finding a leak*).
 
-    ``floor``: the least growth over the low-water mark that counts, in bytes (a whole number ≥ 1).
-    ``fraction``: the threshold's share of the mark (a number ≥ 0 and < 1); the threshold is
-    ``max(floor, fraction * mark)``. ``window``: boundaries the mark looks back over (≥ 1).
-    ``boundaries``: boundaries in a row above the threshold that ask for an audit (≥ 1).
-    ``backoff``: the threshold's factor after a triggered audit that found nothing new (a number ≥ 1;
-    1 turns back-off off). A bad value is a :class:`GradGuardError` naming it and what is accepted.
+    For each device the watch reads, the *low-water mark* is the lowest figure of the last ``window``
+    boundaries; a figure at least ``max(floor, fraction * mark)`` over it at ``boundaries`` boundaries
+    in a row asks for an audit. Each argument is kept as the attribute of the same name.
+
+    Args:
+        floor: The least growth over the low-water mark that counts, in bytes (a whole number ≥ 1).
+        fraction: The threshold's share of the mark (a number ≥ 0 and < 1).
+        window: Boundaries the mark looks back over (a whole number ≥ 1).
+        boundaries: Boundaries in a row above the threshold that ask for an audit (a whole number ≥ 1).
+        backoff: The threshold's factor after a triggered audit that found nothing new (a number ≥ 1;
+            1 turns back-off off).
+
+    Raises:
+        GradGuardError: a bad value, naming it and what is accepted.
     """
 
     floor: int = 256 * 1024

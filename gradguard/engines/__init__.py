@@ -16,10 +16,21 @@ from ._adapter import Adapter
 __all__ = ["KNOWN", "Adapter", "load"]
 
 KNOWN = ("megatron", "pipelining", "verl")
+"""The engine names :func:`load` and ``enforce(engines=...)`` accept."""
 
 
 def load(name: str) -> Adapter:
-    """The adapter for engine ``name``; :class:`GradGuardError` lists the known ones."""
+    """The adapter of one engine.
+
+    Args:
+        name: One of :data:`KNOWN`: ``"megatron"``, ``"pipelining"`` or ``"verl"``.
+
+    Returns:
+        That engine's adapter (its module's ``ADAPTER``), its engine not imported.
+
+    Raises:
+        GradGuardError: an unknown ``name``, listing the known ones.
+    """
     if not isinstance(name, str) or name not in KNOWN:
         raise GradGuardError(f"unknown engine {name!r}; known engines: {', '.join(KNOWN)} (or 'auto', 'none')")
     adapter: Adapter = importlib.import_module(f"{__name__}.{name}").ADAPTER

@@ -36,7 +36,18 @@ _loss_check = LossCheck("requires_grad", on_violation="warn", name="megatron los
 
 
 def configure(*, loss_check: str = "warn") -> None:
-    """What a last-stage loss that does not require grad does: ``"warn"`` (default), ``"raise"``, ``"off"``."""
+    """Set what a last-stage loss that does not require grad does, for every schedule from now on.
+
+    Megatron skips backward on stages whose output does not require grad (vision-encoder stages), so
+    by default such a loss is a warning, not an error.
+
+    Args:
+        loss_check: ``"warn"`` (a :class:`gradguard.LossContractWarning`), ``"raise"`` (a
+            :class:`gradguard.LossContractError`) or ``"off"``.
+
+    Raises:
+        GradGuardError: any other ``loss_check``, naming it and what is accepted.
+    """
     global _loss_check
     _loss_check = LossCheck(
         "requires_grad", on_violation=loss_check, name="megatron loss_func loss", on_violation_option="loss_check"
