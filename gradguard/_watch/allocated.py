@@ -53,7 +53,7 @@ from typing import Literal
 
 from .._errors import GradGuardError
 
-__all__ = ["CPU", "RESCAN", "AllocatedReader", "CpuSource", "mallinfo2_reader", "statm_reader"]
+__all__ = ["CPU", "RESCAN", "AllocatedReader", "CpuSource", "in_use", "mallinfo2_reader", "statm_reader"]
 
 CPU = "cpu"
 RESCAN = 64
@@ -252,3 +252,17 @@ def _allocated_stats(torch: ModuleType) -> Callable[[int], dict[str, int]]:
         return {"current": torch.cuda.memory_allocated(d), "peak": torch.cuda.max_memory_allocated(d)}
 
     return public
+
+
+_exact: AllocatedReader | None = None
+
+
+def in_use() -> int | None:
+    """Bytes in use now, summed over the CPU (glibc's in-use bytes only: the resident set is too coarse to
+    measure what one repair gave back) and every CUDA device in use; ``None`` where neither can be read.
+    For measuring a repair: costs a walk of glibc's free lists, so it is not read at every boundary."""
+    global _exact
+    if _exact is None:
+        _exact = AllocatedReader(cpu="mallinfo2")
+    readings = _exact()
+    return sum(readings.values()) if readings else None

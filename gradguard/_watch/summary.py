@@ -199,6 +199,9 @@ def render(
         return f"{head}; no autograd graph outlived two step boundaries{followed}{tail}"
     total = sum(e.pinned_bytes for e in leaks)
     nodes = sum(e.node_bytes for e in leaks)
+    released = sum(e.released_bytes for e in leaks)
+    if released:
+        tail = f"; the repairs gave back {human(released)} of memory (measured){tail}"
     rows = [
         (
             display(e.path),
@@ -206,7 +209,7 @@ def render(
             human(e.pinned_bytes),
             nodes_text(e.nodes, e.node_bytes),
             str(e.survived),
-            e.outcome,
+            f"{e.outcome} ({human(e.released_bytes)} back)" if e.released_bytes else e.outcome,
             display(e.fix),
         )
         for e in leaks

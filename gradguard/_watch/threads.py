@@ -69,6 +69,7 @@ class ThreadState:
         "clock",
         "deep_at",
         "deep_costs",
+        "repairing",
         "revisit_cost",
         "revisit_spent",
         "held",
@@ -92,6 +93,7 @@ class ThreadState:
         self.busy = False
         self.deep_at = 0.0  # when the last backward was stamped below its roots
         self.deep_costs: collections.deque[float] = collections.deque(maxlen=3)  # what the last ones took
+        self.repairing: tuple[int, dict[str, int]] | None = None  # memory in use before repairs, their estimates
         self.revisit_cost = 0.0  # what the last read of the holders found before took
         self.revisit_spent = 0.0
 

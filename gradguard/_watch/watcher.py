@@ -34,6 +34,7 @@ from .._policy.message import human
 from .._policy.modes import DETACH, OFF, RAISE, WARN, Mode, normalize_mode, resolve
 from .._policy.site import user_frame, warn_at
 from . import backwards
+from .allocated import in_use
 from .audit import Ignore, RetentionReport, check_ignore, scan_lock, scan_tensors
 from .criterion import Leak, ages, judge
 from .options import Every, parse_every, parse_memory
@@ -198,8 +199,10 @@ class Watcher:
         reason = state.schedule.boundary(now, boundary, state.ledger.oldest(after=state.horizon), counts)
         if reason == "old" and self._revisit(state, boundary, source, optimizers, mode):
             reason = None  # every old graph was in a holder found before, and was acted on by name
+            self._measure_repairs(state)
         elif reason is None and mode == DETACH and state.revisit_due(now):
             self._revisit(state, boundary, source, optimizers, mode)  # a holder repaired before fills again
+            self._measure_repairs(state)
         if reason is None:
             return None
         return self._run_audit(state, boundary, reason, source, optimizers, mode)
@@ -220,6 +223,7 @@ class Watcher:
         report: RetentionReport | None = None
         raised: BaseException | None = None
         searched = False
+        state.repairing = None
         try:
             # The start-up check of a watcher that followed every step since it started: what those steps
             # made is all the collector's young generations hold, unless one was promoted since.
@@ -231,6 +235,7 @@ class Watcher:
             report = getattr(error, "report", None)
             raise
         finally:
+            self._measure_repairs(state)
             cost = _clock() - start
             state.busy = False
             with self._lock:
@@ -415,6 +420,11 @@ class Watcher:
                 if _stats.claim_warning(STORE, leak.finding.key, "warn"):
                     _warn(warn_message(leak, ended), frame)
         elif mode == DETACH:
+            state = self._state()
+            if state.repairing is None:
+                before = in_use()
+                if before is not None:
+                    state.repairing = (before, {})
             for leak in leaks:
                 self._repair(leak, frame, ended)
         return report
@@ -437,9 +447,29 @@ class Watcher:
         if done.detached:
             retention = finding.retention
             _stats.count_at(STORE, finding.key, done.detached, done.released, retention.pinned_bytes)
+            repairing = self._state().repairing
+            if repairing is not None and done.released:
+                repairing[1][finding.key] = retention.pinned_bytes + retention.node_bytes
         self._note([leak], done.outcome, repaired=done.released, why=done.why)
         if done.outcome != REPAIRED and _stats.claim_warning(STORE, finding.key, done.outcome):
             _warn(unrepaired_message(leak, done, ended), frame)
+
+    def _measure_repairs(self, state: ThreadState) -> None:
+        """What the repairs since ``state.repairing`` was set gave back, measured (the memory in use before
+        and after, once the audit let go of what it saw), shared among the holders by their estimates."""
+        repairing, state.repairing = state.repairing, None
+        if repairing is None or not repairing[1]:
+            return
+        after = in_use()
+        before, estimates = repairing
+        if after is None or before <= after:
+            return
+        total = sum(estimates.values()) or len(estimates)
+        with self._lock:
+            for key, estimate in estimates.items():
+                entry = self._history.get(key)
+                if entry is not None:
+                    entry.released_bytes += (before - after) * (estimate or 1) // total
 
     def _note(self, leaks: Iterable[Leak], outcome: str, repaired: int = 0, why: str = "") -> None:
         with self._lock:
