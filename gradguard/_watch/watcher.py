@@ -84,6 +84,12 @@ class Watcher:
         memory: ``True`` reads the memory figure with the default :class:`TriggerSettings`; a
             :class:`TriggerSettings` sets its rule; ``False`` reads none.
 
+    Attributes:
+        every: ``every``, checked: ``"auto"`` or the positive ``int``.
+        mode: ``mode``, normalized to its canonical name, or ``None``.
+        ignore: ``ignore`` as given.
+        memory: The memory rule's settings, or ``None`` when the memory figure is not read.
+
     Raises:
         GradGuardError: a bad argument, naming it and what is accepted.
     """
@@ -505,7 +511,11 @@ class Watcher:
     # A scope's end (the pytest plugin)
 
     def mark(self) -> Ledger:
-        """Every graph alive now, stamped (nothing is kept alive): :meth:`outlived`'s starting point."""
+        """Stamp every graph alive now: :meth:`outlived`'s starting point.
+
+        Returns:
+            The stamps, which keep nothing alive.
+        """
         mark = Ledger()
         with scan_lock:
             for t in live_graph_tensors(set()):
@@ -591,12 +601,21 @@ class Watcher:
         return self._counts["memory"]
 
     def history(self) -> list[HolderHistory]:
-        """Every holder an audit found leaking, most pinned bytes first."""
+        """Every holder an audit found leaking.
+
+        Returns:
+            A copy of each holder's record, most pinned bytes first.
+        """
         return self._entries(leaks=True)
 
     def bounded(self) -> list[HolderHistory]:
-        """Every holder an audit found keeping one step's graph for one boundary, replaced at every step
-        (``self.last_loss = loss`` after ``optimizer.step()``): listed, never acted on."""
+        """Every holder an audit found keeping one step's graph for one boundary, replaced at every step.
+
+        Such a holder (``self.last_loss = loss`` after ``optimizer.step()``) is listed, never acted on.
+
+        Returns:
+            A copy of each holder's record, most pinned bytes first.
+        """
         return self._entries(leaks=False)
 
     def _entries(self, leaks: bool) -> list[HolderHistory]:
@@ -605,7 +624,11 @@ class Watcher:
         return sorted(entries, key=lambda e: (-e.pinned_bytes, e.holder))
 
     def figures(self) -> WatchFigures:
-        """What the watcher did so far, as the summary renders it."""
+        """What the watcher did so far, as the summary renders it.
+
+        Returns:
+            The counts, times and memory clause of all threads, as of now.
+        """
         with self._lock:
             states = list(self._states)
         elapsed = 0.0 if self._started is None else _clock() - self._started
@@ -622,12 +645,21 @@ class Watcher:
         )
 
     def summary(self) -> str:
-        """A few lines: what was checked and at what cost, what is not explained, and a table of the holders."""
+        """What the watch checked and found, in words.
+
+        Returns:
+            A few lines: what was checked and at what cost, what is not explained, and a table of the
+            holders (leaking, then bounded).
+        """
         return render(self.figures(), self.history(), self.bounded())
 
     def memory_line(self) -> str:
-        """One clause on the memory figure when it grew after the start-up check by more than the memory
-        rule's threshold (empty otherwise): by how much, and whether the leaks found account for it."""
+        """The memory figure's growth after the start-up check, in words.
+
+        Returns:
+            One clause when it grew by more than the memory rule's threshold: by how much, and whether
+            the leaks found account for it; ``""`` otherwise.
+        """
         with self._lock:
             states = list(self._states)
             pinned = sum(e.pinned_bytes + e.node_bytes for e in self._history.values() if e.outcome != BOUNDED)
