@@ -718,3 +718,19 @@ def test_what_a_repair_gave_back_is_measured_not_estimated() -> None:
     assert entry.outcome == "repaired" and entry.repaired >= 6
     assert entry.released_bytes >= 0.8 * entry.repaired * 1024 * 1024, (entry.released_bytes, entry.repaired)
     assert "of memory (measured)" in scope.watcher.summary()
+
+
+def test_a_simple_namespaces_attribute_is_repaired() -> None:
+    """``types.SimpleNamespace`` keeps its attributes in a plain instance dict: nothing runs when one is set."""
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    HOLDERS["state"] = state = types.SimpleNamespace(total=0.0)
+    with gradguard.watch(every=1, mode="detach", ignore=elsewhere) as scope:
+        for _ in range(5):
+            out = model(torch.randn(4, 8))
+            out.pow(2).mean().backward()
+            state.total = state.total + out.sum()
+            opt.step()
+            opt.zero_grad()
+    [entry] = scope.watcher.history()
+    assert entry.outcome == "repaired", entry

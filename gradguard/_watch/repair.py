@@ -42,6 +42,8 @@ REPAIRED = "repaired"
 PARTLY = "repaired in part"
 STUCK = "not repairable"
 
+_PLAIN_SETATTR = (object.__setattr__, types.SimpleNamespace.__setattr__)  # an instance dict, no side effect
+
 _UNWRITABLE = {
     "local": "a frame local",
     "cell": "a closure cell",
@@ -138,7 +140,7 @@ def _refusal(edge: Edge, owner: Owner) -> str:
             return f"a frozen dataclass ({cls.__qualname__})"
         if cls.__hash__ not in (object.__hash__, None):
             return f"a {cls.__qualname__}, whose hash may depend on its fields"
-        if cls.__setattr__ is not object.__setattr__:
+        if cls.__setattr__ not in _PLAIN_SETATTR:
             return f"a {cls.__qualname__}, whose class controls its attribute assignment"
     return ""
 
