@@ -1,8 +1,9 @@
 """When the watch audits: one thread's step boundaries, their signals, and what an audit may cost.
 
-Pure logic: the caller reads the constant-time signals (:class:`Signals`), gives each boundary's
-time, and reports each audit's outcome; the memory figure is read here, through an injectable reader.
-The design and the figures behind the constants: ``docs/how-it-works.md``.
+Pure logic: the caller reads the constant-time signals (the oldest stamp alive, the parameters'
+reference count), gives each boundary's time, and reports each audit's outcome; the memory figure is
+read here, through an injectable reader. The design: ``docs/how-it-works.md`` (*The watch*); what the
+schedule promises a user: ``docs/guide/finding-leaks.md``; each constant's reason: its docstring.
 """
 
 from __future__ import annotations
