@@ -27,10 +27,10 @@ class RootTable(Protocol):
     """What a search knows of the roots, by object id: what kind each is, the named roots, the module
     of each module dict, and where each frame local is (index into ``frames``, name)."""
 
-    roots: dict[int, str]
-    named: dict[int, NamedRoot]
-    modules: dict[int, types.ModuleType]
-    locals: dict[int, list[tuple[int, str]]]
+    root_kind: dict[int, str]
+    named_by_id: dict[int, NamedRoot]
+    module_of_dict: dict[int, types.ModuleType]
+    local_names: dict[int, list[tuple[int, str]]]
     frames: list[types.FrameType]
 
 
@@ -58,17 +58,17 @@ def describe(chain: list[Any], search: RootTable) -> Path | None:
             return None
         edges.append(Edge(owner, "cell", free))
         i += 3
-    elif search.roots.get(id(owner)) == "named":  # gradguard._heap.roots (issue 18): the path starts at the object
-        root = search.named[id(owner)]
+    elif search.root_kind.get(id(owner)) == "named":  # a root gradguard._heap.roots names: the path starts there
+        root = search.named_by_id[id(owner)]
         edges.append(Edge(root, "named", root.name))
-    elif id(owner) not in search.modules:  # a thread's frame local
-        index, name = search.locals[id(owner)][0]
+    elif id(owner) not in search.module_of_dict:  # a thread's frame local
+        index, name = search.local_names[id(owner)][0]
         edges.append(Edge(search.frames[index], "local", name))
     else:
         key = _dict_key(owner, chain[1])
         if key is _MISSING:
             return None
-        edges.append(Edge(search.modules[id(owner)], "global", key))
+        edges.append(Edge(search.module_of_dict[id(owner)], "global", key))
         i = 1
     while i < len(chain) - 1:
         i += _step(chain, i, edges)

@@ -1,29 +1,15 @@
 """Who holds a tensor: a reverse reference search from the graph tensors to the roots that keep them alive.
 
-The search goes up level by level from all its targets together: one heap pass per level for the
-whole frontier (``gc.get_referrers``, or a referent sweep for a large frontier), never one per
-tensor, until every target reached a module global or nothing is left to climb. Roots are what is
-alive by definition:
+The search climbs level by level from all its targets together (one heap pass per level for the
+whole frontier, never one per tensor) until a named root or a module global holds every target; a
+holder deeper than :data:`_REVERSE_LEVELS` is found by one sweep down from the roots instead. A
+thread's frame local is the weakest root: it names a target only where no heap root reaches it.
+Which roots, the order of preference, and what is never part of a path: ``docs/how-it-works.md``
+(*The audit*).
 
-* module globals: a module's ``__dict__`` in ``sys.modules`` (``mypkg.train:HISTORY``; a class
-  attribute is a global's attribute, ``mypkg.train:Trainer.cache``);
-* the frame locals of every thread (``train.py:42 in train_step: metrics['loss_sum']``).
-
-A path that goes through a suspended generator or coroutine, or through a function's closure, is
-named from there, the way one reads it: ``train.py:42 in train_steps: loss_sum`` (the generator's
-frame), ``closure of mypkg.train:make.<locals>.add: total``. Such an object counts only when a root
-reaches it: a generator, a closure or a class that is garbage names nothing.
-
-A thread's frame local is the weakest root: an object held by one keeps being climbed, so that a
-tensor that is both the current step's ``loss`` and an item of a global list is named by the list.
-Objects that no root reaches (garbage cycles, tensors only C++ code holds) get no path. Frames of
-gradguard's own code, gradguard's module globals, ``gc.garbage`` and the search's own containers
-are never part of a path. An instance's reference to its class is not climbed (every instance of
-a class would join the frontier): a class only its instances keep alive names nothing.
-
-A path is a tuple of :class:`Edge`, root first. Its owners are live objects: a path is meant to be
-used (read, repaired, spelled) while the scan that found it runs, then dropped; nothing here keeps
-any of them after the caller lets go.
+A path is a tuple of :class:`~gradguard._heap.paths.Edge`, root first. Its owners are live objects:
+a path is meant to be used (read, repaired, spelled) while the scan that found it runs, then
+dropped; nothing here keeps any of them after the caller lets go.
 """
 
 from __future__ import annotations
@@ -55,7 +41,7 @@ _FRAMES_TRAVERSE_LOCALS = sys.version_info < (3, 11)  # before 3.11 a running fr
 _SEQUENCES = (list, collections.deque)
 _CO_OPTIMIZED = 0x0001  # inspect.CO_OPTIMIZED: a function's frame (a module or class body's is not)
 _GENERATORS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)
-_HEAP_ROOTS = ("named", "global")  # roots that hold a target for good, by preference; gradguard._heap.roots (issue 18)
+_HEAP_ROOTS = ("named", "global")  # roots that hold a target for good, by preference (named: gradguard._heap.roots)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -103,60 +89,67 @@ def _thread_frames() -> Iterator[types.FrameType]:
 
 
 class _Search:
-    """One reverse search. Every container it makes is kept in ``self.mine`` until it ends: they are
-    referrers of what they hold, so their ids are excluded, and kept alive so that no id is reused."""
+    """One reverse search from ``targets`` up to the roots that keep them alive.
+
+    Every container the search makes is registered by :meth:`own_container` until it ends: they are
+    referrers of what they hold, so their ids (``own_ids``) are never climbed, and they are kept
+    alive (``kept_alive``) so that no id is reused. A target is a bit of a bitmask (target ``i`` is
+    ``1 << i``): ``leads_to`` says which targets each object met leads to.
+    """
 
     def __init__(self, targets: Sequence[torch.Tensor], excluded: set[int]) -> None:
-        self.keep: list[Any] = []  # every object met, alive while the search runs
-        self.mine: set[int] = {id(self), id(self.keep), id(self.__dict__)}
+        self.kept_alive: list[Any] = []  # every object met, alive while the search runs
+        self.own_ids: set[int] = {id(self), id(self.kept_alive), id(self.__dict__)}
         self.excluded = excluded
         self.objects: dict[int, Any] = {}  # id -> object, for every object met
         self.children: dict[int, list[int]] = {}  # id -> ids of the objects it holds (found below it)
-        self.parents: dict[int, list[int]] = {}
-        self.below: dict[int, int] = {}  # id -> bitmask of the targets it leads to
-        self.roots: dict[int, str] = {}  # id -> "global" (a module's globals) or "local" (a thread's frame local)
-        self.named: dict[int, NamedRoot] = {}  # gradguard._heap.roots: id -> its root, a "named" root (issue 18)
-        self.locals: dict[int, list[tuple[int, str]]] = {}  # id(value) -> [(frame index, name)]
-        self.local_values: dict[int, Any] = {}
+        self.parents: dict[int, list[int]] = {}  # id -> ids of the objects that hold it (found above it)
+        self.leads_to: dict[int, int] = {}  # id -> bitmask of the targets it leads to
+        self.root_kind: dict[int, str] = {}  # id -> "global" (a module's globals), "local" (a frame local), "named"
+        self.named_by_id: dict[int, NamedRoot] = {}  # id -> its root, for objects gradguard._heap.roots names
+        self.local_names: dict[int, list[tuple[int, str]]] = {}  # id(value) -> [(frame index, name)]
+        self.local_value: dict[int, Any] = {}  # id(value) -> value, for every frame local the collector tracks
         self.frames: list[types.FrameType] = []
-        self.modules: dict[int, types.ModuleType] = {}  # id(module.__dict__) -> module
-        self.held = 0  # targets a module global (not only a thread's frame local) reaches
-        self.deep: dict[int, list[Any]] = {}  # target index -> chain, from the downward sweep
-        self.named_roots: list[tuple[Any, NamedRoot]] = []
+        self.module_of_dict: dict[int, types.ModuleType] = {}  # id(module.__dict__) -> module
+        self.heap_held = 0  # bitmask of the targets a named root or a module global (not only a frame local) reaches
+        self.swept_chains: dict[int, list[Any]] = {}  # target index -> chain, from the downward sweep
+        self.live_named: list[tuple[Any, NamedRoot]] = []  # the named roots of this search, held while it runs
         for name in (
             "objects",
             "children",
             "parents",
-            "below",
-            "roots",
-            "locals",
+            "leads_to",
+            "root_kind",
+            "local_names",
             "frames",
-            "modules",
-            "deep",
-            "local_values",
-            "named",
+            "module_of_dict",
+            "swept_chains",
+            "local_value",
+            "named_by_id",
         ):
-            self.mine.add(id(getattr(self, name)))
+            self.own_ids.add(id(getattr(self, name)))
         self.targets = list(targets)
-        self.own(self.targets)
+        self.own_container(self.targets)
 
     def close(self) -> None:
         """Let go of everything: the search's containers refer to each other (a referrer list holds
         the list that holds it), so without this they would wait for the cycle collector."""
-        for container in self.keep:
-            if isinstance(container, (list, dict, set)) and id(container) in self.mine:
+        for container in self.kept_alive:
+            if isinstance(container, (list, dict, set)) and id(container) in self.own_ids:
                 container.clear()
-        self.keep.clear()
-        tables = (self.objects, self.locals, self.local_values, self.frames, self.modules, self.targets, self.roots)
-        for table in (*tables, self.deep, self.named):
+        self.kept_alive.clear()
+        tables = (self.objects, self.local_names, self.local_value, self.frames, self.module_of_dict, self.targets)
+        for table in (*tables, self.root_kind, self.swept_chains, self.named_by_id):
             table.clear()
 
-    def own(self, container: Any) -> Any:
-        self.keep.append(container)
-        self.mine.add(id(container))
+    def own_container(self, container: Any) -> Any:
+        """``container``, made by the search: kept alive and never climbed until the search ends."""
+        self.kept_alive.append(container)
+        self.own_ids.add(id(container))
         return container
 
-    def setup(self) -> None:
+    def find_roots(self) -> None:
+        """The roots: module globals (gradguard's excluded), named roots, and every thread's frame locals."""
         for module in list(sys.modules.values()):
             if not is_a(module, types.ModuleType):
                 continue
@@ -165,25 +158,25 @@ class _Search:
             if isinstance(module_name, str) and (module_name == "gradguard" or module_name.startswith("gradguard.")):
                 self.excluded.add(id(namespace))
             else:
-                self.modules.setdefault(id(namespace), module)
+                self.module_of_dict.setdefault(id(namespace), module)
         self.excluded.add(id(gc.garbage))
-        self.named_roots = self.own(live_roots())  # gradguard._heap.roots (issue 18): held by the list while we run
-        for obj, root in self.named_roots:
-            self.named[id(obj)] = root
+        self.live_named = self.own_container(live_roots())  # held by the list while the search runs
+        for obj, root in self.live_named:
+            self.named_by_id[id(obj)] = root
             self.excluded.add(id(root))
         for frame in _thread_frames():
             index = len(self.frames)
             self.frames.append(frame)
             if _FRAMES_TRAVERSE_LOCALS:
-                self.excluded.add(id(frame))  # found through self.locals instead
-            if id(frame.f_globals) in self.modules and not frame.f_code.co_flags & _CO_OPTIMIZED:
+                self.excluded.add(id(frame))  # found through self.local_names instead
+            if id(frame.f_globals) in self.module_of_dict and not frame.f_code.co_flags & _CO_OPTIMIZED:
                 if frame.f_locals is frame.f_globals:
                     continue  # a module's top-level code: its locals are that module's globals, a root already
             for name, value in frame_locals(frame) or ():
                 if gc.is_tracked(value):
-                    self.keep.append(value)
-                    self.local_values[id(value)] = value
-                    self.locals.setdefault(id(value), []).append((index, name))
+                    self.kept_alive.append(value)
+                    self.local_value[id(value)] = value
+                    self.local_names.setdefault(id(value), []).append((index, name))
         if _FRAMES_TRAVERSE_LOCALS:  # gradguard's own frames are referrers of the search's state
             own: types.FrameType | None
             for own in list(sys._current_frames().values()):
@@ -192,82 +185,90 @@ class _Search:
                         self.excluded.add(id(own))
                     own = own.f_back
 
-    def meet(self, obj: Any, bits: int) -> bool:
-        """Record ``obj`` (new); ``True`` when it is a module's globals (a root not climbed further)."""
+    def add_object(self, obj: Any, bits: int) -> bool:
+        """Record ``obj``, met for the first time, leading to the targets ``bits``.
+
+        Returns ``True`` when it is a root the climb stops at: a named root or a module's globals.
+        """
         oid = id(obj)
         self.objects[oid] = obj
-        self.below[oid] = bits
+        self.leads_to[oid] = bits
         self.children[oid] = []  # ids only: these lists refer to nothing the search climbs
         self.parents[oid] = []
-        if oid in self.named:  # gradguard._heap.roots (issue 18): a root, not climbed further
-            self.roots[oid] = "named"
+        if oid in self.named_by_id:
+            self.root_kind[oid] = "named"
             return True
-        if oid in self.modules:
-            self.roots[oid] = "global"
+        if oid in self.module_of_dict:
+            self.root_kind[oid] = "global"
             return True
-        if oid in self.locals:
-            self.roots[oid] = "local"
+        if oid in self.local_names:
+            self.root_kind[oid] = "local"
         return False
 
     def link(self, parent: int, child: int) -> None:
+        """``parent`` holds ``child`` (by id)."""
         self.children[parent].append(child)
         self.parents[child].append(parent)
 
-    def spread(self, oid: int, bits: int) -> None:
-        """``oid`` leads to ``bits`` too: so do all it was found under; roots count them as held."""
+    def propagate_up(self, oid: int, bits: int) -> None:
+        """``oid`` leads to the targets ``bits`` too: so do all it was found under; heap roots count them as held."""
         stack = [(oid, bits)]
         while stack:
-            node, new = stack.pop()
-            new &= ~self.below[node]
-            if not new:
+            node, added = stack.pop()
+            added &= ~self.leads_to[node]
+            if not added:
                 continue
-            self.below[node] |= new
-            if self.roots.get(node) in _HEAP_ROOTS:
-                self.held |= new
-            stack.extend((p, new) for p in self.parents[node])
+            self.leads_to[node] |= added
+            if self.root_kind.get(node) in _HEAP_ROOTS:
+                self.heap_held |= added
+            stack.extend((p, added) for p in self.parents[node])
 
     def run(self) -> None:
-        self.setup()
-        everything = 0
+        """Climb from the targets until a heap root holds every one; past :data:`_REVERSE_LEVELS`, sweep down."""
+        self.find_roots()
+        all_targets = 0
         for i, t in enumerate(self.targets):
             oid = id(t)
             if oid in self.objects:  # the same tensor twice
                 continue
-            self.keep.append(t)
-            self.meet(t, 1 << i)
-            everything |= 1 << i
-        frontier = self.own([t for t in self.targets])
+            self.kept_alive.append(t)
+            self.add_object(t, 1 << i)
+            all_targets |= 1 << i
+        frontier = self.own_container([t for t in self.targets])
         for _ in range(_REVERSE_LEVELS):
-            if not frontier or self.held == everything:
+            if not frontier or self.heap_held == all_targets:
                 return
             frontier = self.climb(frontier)
-        if frontier and self.held != everything:
-            self.deep = self.sweep(everything & ~self.held)
+        if frontier and self.heap_held != all_targets:
+            self.swept_chains = self.sweep(all_targets & ~self.heap_held)
 
     def climb(self, frontier: list[Any]) -> list[Any]:
         """One level up: link every referrer of ``frontier``; the new objects worth climbing from."""
         frontier_ids = {id(o) for o in frontier}
-        self.own(frontier_ids)
-        found = self.own(self.referrers(frontier, frontier_ids))
-        new = self.own([])
+        self.own_container(frontier_ids)
+        found = self.own_container(self.referrers(frontier, frontier_ids))
+        met = self.own_container([])  # referrers met for the first time
         for r in found:
             rid = id(r)
-            if rid in self.mine or rid in self.excluded:
+            if rid in self.own_ids or rid in self.excluded:
                 continue
             if _FRAMES_TRAVERSE_LOCALS and is_a(r, types.FrameType) and own_code(r.f_code):
-                continue  # before 3.11: a frame of this search, made after setup()
-            cls = id(type(r))  # an instance's own class: not climbed (see the module docstring)
-            kids = [id(c) for c in gc.get_referents(r) if id(c) in frontier_ids and id(c) != cls]
-            if not kids:
+                continue  # before 3.11: a frame of this search, made after find_roots()
+            cls = id(type(r))  # an instance's own class: not climbed (every instance would join the frontier)
+            held = [id(c) for c in gc.get_referents(r) if id(c) in frontier_ids and id(c) != cls]
+            if not held:
                 continue
             if rid not in self.objects:
-                self.keep.append(r)
-                self.meet(r, 0)
-                new.append(r)
-            for kid in kids:
-                self.link(rid, kid)
-                self.spread(rid, self.below[kid])
-        return self.own([r for r in new if self.roots.get(id(r)) not in _HEAP_ROOTS and self.below[id(r)] & ~self.held])
+                self.kept_alive.append(r)
+                self.add_object(r, 0)
+                met.append(r)
+            for child in held:
+                self.link(rid, child)
+                self.propagate_up(rid, self.leads_to[child])
+        unheld = ~self.heap_held
+        return self.own_container(
+            [r for r in met if self.root_kind.get(id(r)) not in _HEAP_ROOTS and self.leads_to[id(r)] & unheld]
+        )
 
     def sweep(self, wanted: int) -> dict[int, list[Any]]:
         """Chains, root first, to the targets in the bitmask ``wanted``, from one breadth-first walk
@@ -279,15 +280,15 @@ class _Search:
         """
         targets = {id(t): i for i, t in enumerate(self.targets) if wanted >> i & 1}
         parent: dict[int, int | None] = {}
-        objects: dict[int, Any] = self.own({})
+        objects: dict[int, Any] = self.own_container({})
         found: dict[int, list[Any]] = {}
-        globals_ = [module_dict(self.modules[oid]) for oid in self.modules if oid not in self.excluded]
-        named = [obj for obj, _ in self.named_roots]  # gradguard._heap.roots (issue 18)
+        globals_ = [module_dict(self.module_of_dict[oid]) for oid in self.module_of_dict if oid not in self.excluded]
+        named = [obj for obj, _ in self.live_named]
         # Named roots and module globals first, to the end: a thread's local names a target only where
         # nothing else reaches it.
-        local = [self.local_values[oid] for oid in sorted(self.local_values, key=self._in_library)]
+        local = [self.local_value[oid] for oid in sorted(self.local_value, key=self._in_library)]
         for roots in (named, globals_, local):
-            queue: collections.deque[Any] = self.own(collections.deque())
+            queue: collections.deque[Any] = self.own_container(collections.deque())
             for root in roots:
                 if id(root) not in parent:
                     parent[id(root)], objects[id(root)] = None, root
@@ -297,7 +298,7 @@ class _Search:
                 cls = type(obj)
                 for child in gc.get_referents(obj):
                     cid = id(child)
-                    if cid in parent or cid in self.mine or cid in self.excluded or child is cls:
+                    if cid in parent or cid in self.own_ids or cid in self.excluded or child is cls:
                         continue
                     if cid in targets:
                         found[cid] = []
@@ -342,26 +343,26 @@ class _Search:
         via: dict[int, int | None] = {}
         order: list[int] = []  # breadth-first: parents before children
         queue: collections.deque[int] = collections.deque()
-        for first in _HEAP_ROOTS:  # gradguard._heap.roots (issue 18): named roots first, then module globals
-            for oid, kind in self.roots.items():
+        for first in _HEAP_ROOTS:  # named roots first, then module globals
+            for oid, kind in self.root_kind.items():
                 if kind == first and oid not in via:
                     via[oid] = None
                     queue.append(oid)
-            self._walk(queue, via, order)
+            self._walk_down(queue, via, order)
         # Thread locals last: those of the program's own frames before those of libraries' frames (a
         # framework's loop holding the model is not where the program keeps it).
-        local = [oid for oid, kind in self.roots.items() if kind == "local"]
+        local = [oid for oid, kind in self.root_kind.items() if kind == "local"]
         for oid in sorted(local, key=self._in_library):
             if oid not in via:
                 via[oid] = None
                 queue.append(oid)
-                self._walk(queue, via, order)
+                self._walk_down(queue, via, order)
         self._prefer_sequences(via, order)
         result: list[list[Any] | None] = []
         for i, t in enumerate(self.targets):
             node: int | None = id(t)
-            if i in self.deep and (node not in via or self.roots.get(self._top(node, via)) != "global"):
-                result.append(self.deep[i])
+            if i in self.swept_chains and (node not in via or self.root_kind.get(self._root_of(node, via)) != "global"):
+                result.append(self.swept_chains[i])
                 continue
             if node not in via:
                 result.append(None)
@@ -370,24 +371,24 @@ class _Search:
             while node is not None:
                 chain.append(self.objects[node])
                 node = via[node]
-            result.append(self._rehome(chain[::-1], via))
+            result.append(self._through_sequence(chain[::-1], via))
         return result
 
     def _in_library(self, oid: int) -> bool:
         """Whether every frame whose local is ``oid`` runs a library's code."""
-        for index, _ in self.locals.get(oid, ()):
+        for index, _ in self.local_names.get(oid, ()):
             module = self.frames[index].f_globals.get("__name__")
             if not isinstance(module, str) or library_of_module(module) is None:
                 return False
         return True
 
-    def _top(self, node: int, via: dict[int, int | None]) -> int:
+    def _root_of(self, node: int, via: dict[int, int | None]) -> int:
         up = via[node]
         while up is not None:
             node, up = up, via[up]
         return node
 
-    def _rehome(self, chain: list[Any], via: dict[int, int | None]) -> list[Any]:
+    def _through_sequence(self, chain: list[Any], via: dict[int, int | None]) -> list[Any]:
         """A chain whose root names its second object directly (``rec = {...}``, a variable) is named
         through a list or deque that also holds that object and that the climb stopped short of
         (``HISTORY.append(rec)``): the container that accumulates, not the alias of the latest record."""
@@ -399,8 +400,8 @@ class _Search:
             if parent in via or not is_a(owner, _SEQUENCES):
                 continue
             for holder in gc.get_referrers(owner):  # one level more above it
-                if id(holder) in self.modules and id(holder) not in self.excluded:
-                    self.keep.append(owner)
+                if id(holder) in self.module_of_dict and id(holder) not in self.excluded:
+                    self.kept_alive.append(owner)
                     return [holder, owner, *chain[1:]]
         return chain
 
@@ -423,7 +424,7 @@ class _Search:
                     via[oid] = parent
                     break
 
-    def _walk(self, queue: collections.deque[int], via: dict[int, int | None], order: list[int]) -> None:
+    def _walk_down(self, queue: collections.deque[int], via: dict[int, int | None], order: list[int]) -> None:
         while queue:
             oid = queue.popleft()
             for kid in self.children[oid]:

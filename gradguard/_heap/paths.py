@@ -43,7 +43,7 @@ __all__ = [
 
 _TENSOR = torch.Tensor
 _DIGITS = re.compile(r"\d+")
-ROOT_KINDS = frozenset({"global", "local", "cell", "named"})  # named: gradguard._heap.roots (issue 18)
+ROOT_KINDS = frozenset({"global", "local", "cell", "named"})  # named: gradguard._heap.roots
 MODULE_STATE = ("_modules", "_parameters", "_buffers")
 
 
@@ -199,7 +199,7 @@ def read(edge: Edge) -> Any:
         return owner.__closure__[owner.__code__.co_freevars.index(key)].cell_contents
     if kind == "key":
         return list(dict.keys(owner))[key]
-    if kind == "named":  # gradguard._heap.roots (issue 18)
+    if kind == "named":  # gradguard._heap.roots
         return owner.resolve()
     raise LookupError(f"an edge of kind {kind!r} cannot be read back")
 
@@ -282,7 +282,7 @@ def _spell_root(edge: Edge, wildcard: bool) -> str:
         return f"closure of {owner.__module__}:{owner.__qualname__}: {key}"
     if kind == "local":
         return f"{frame_where(owner, line=not wildcard)}: {key}"
-    if kind == "named":  # gradguard._heap.roots (issue 18): "actor Trainer: self"
+    if kind == "named":  # gradguard._heap.roots: "actor Trainer: self"
         return f"{owner.label}: {key}"
     return f"<{kind}>"
 

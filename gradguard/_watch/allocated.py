@@ -2,42 +2,15 @@
 
 :class:`AllocatedReader` returns ``{"cpu": bytes, "cuda:0": bytes, ...}`` for the devices it can read.
 Each figure counts what is allocated now, not what the allocator keeps cached, so it moves by the
-bytes of whatever stays alive across a boundary.
-
-CPU
-    glibc's ``mallinfo2()``: ``uordblks`` (bytes in use in the arenas' heaps) plus ``hblkhd`` (bytes
-    in chunks glibc gave their own ``mmap``). torch's CPU tensors come from ``posix_memalign``; glibc
-    serves a large one by ``mmap`` until a freed mmapped chunk raises its threshold, and from the heap
-    after that, so the same tensor size lands in either field depending on history: only the sum
-    follows a tensor to the byte. Python's small objects (pymalloc's arenas, mapped directly) are
-    not in it, which keeps the figure quiet. glibc's own allocator must be the one in use: a
-    ``posix_memalign`` of 1 MiB is made once, when the reader is built, and must show in the figure
-    (under a preloaded jemalloc or tcmalloc it does not, and the reader does not use ``mallinfo2``).
-    Where it cannot be used (no glibc, glibc older than 2.33, another allocator) the figure is the
-    resident set from ``/proc/self/statm``: pages the process has touched, which glibc's cached free
-    memory keeps high and a returned mapping lowers, so it is coarser. Where neither exists (macOS,
-    Windows) there is no CPU figure.
-CUDA
-    The caching allocator's allocated bytes (``torch.cuda.memory_allocated``'s figure, read from the
-    same statistics without its Python flattening of every counter), for each device the process has
-    used (its peak is not zero); devices first used later are found by a scan every
-    ``RESCAN`` readings. Nothing is read while CUDA is not initialised: the reader never initialises
-    it, never synchronises, and does nothing on a CPU-only build.
-
-What a reading costs
-    ``mallinfo2`` walks glibc's lists of free chunks, so its cost grows with the heap's fragmentation:
-    the few hundred free chunks of a clean training loop cost a small fraction of a step, the first
-    reading after a step more than a second one (the walk finds the caches cold), and a heap that a
-    leak has fragmented (each kept graph leaves holes between the blocks it pins) many times more
-    (``benchmarks/results/trigger-cpu.md``). The resident set costs one system call whatever the
-    heap. The CUDA figure builds the allocator's whole statistics dictionary. So the reader can be
-    given a ``share`` of the wall time: it then reads only when its cheapest recent reading costs at
-    most ``share`` times the time since its last reading, and returns ``{}`` (no figure) otherwise. A
-    step long enough for the reading is read at every boundary; a reading that turned expensive is
-    spread out instead of slowing every step.
+bytes of whatever stays alive across a boundary. CPU: glibc's ``mallinfo2()`` in-use bytes where
+glibc's allocator is the one in use, else the resident set from ``/proc/self/statm``, else none;
+CUDA: the caching allocator's allocated bytes of each device the process has used. Given a
+``share`` of the wall time, the reader skips a reading that would cost more (and returns ``{}``).
+Why these sources, and what a reading costs: ``docs/how-it-works.md`` (*The memory figure*).
 
 The reader never imports torch: it reads CUDA only when ``torch`` is already in ``sys.modules`` (or
-given). It is not thread-safe to share one reader between threads that read at the same time.
+given), never initialises CUDA and never synchronises. It is not thread-safe to share one reader
+between threads that read at the same time.
 """
 
 from __future__ import annotations
@@ -138,17 +111,24 @@ def statm_reader(path: str = "/proc/self/statm") -> Callable[[], int] | None:
 
 
 class AllocatedReader:
-    """``reader()``: bytes in use now per device, ``{"cpu": n, "cuda:0": m, ...}`` (see the module
-    documentation for what each figure is).
+    """``reader()``: bytes in use now per device, ``{"cpu": n, "cuda:0": m, ...}``.
 
-    ``cpu``: ``"auto"`` (``mallinfo2`` where it is honest, else ``statm``, else no CPU figure),
-    ``"mallinfo2"`` or ``"statm"`` (that one or none), or ``"off"``. ``cuda``: whether to read the
-    CUDA devices in use. ``torch``: the torch module to read CUDA through; by default the one in
-    ``sys.modules`` at each reading, so a process that never imported torch reads none. ``share``: the
-    most of the wall time the readings may take, or ``None`` to read at every call (see "What a
-    reading costs" above; ``clock`` is the clock that budget is kept with, in seconds). ``skipped``
-    counts the calls that read nothing for the budget. A bad ``cpu`` or ``share`` is a
-    :class:`GradGuardError` naming the value and what is accepted.
+    Args:
+        cpu: ``"auto"`` (``mallinfo2`` where it is honest, else ``statm``, else no CPU figure),
+            ``"mallinfo2"`` or ``"statm"`` (that one or none), or ``"off"``.
+        cuda: Whether to read the CUDA devices in use.
+        torch: The torch module to read CUDA through; by default the one in ``sys.modules`` at each
+            reading, so a process that never imported torch reads none.
+        share: The most of the wall time the readings may take (a reading that would cost more returns
+            ``{}``), or ``None`` to read at every call.
+        clock: The clock that budget is kept with, in seconds.
+
+    Attributes:
+        skipped: The calls that read nothing for the budget.
+        cpu_source: ``"mallinfo2"``, ``"statm"``, or ``None`` when there is no CPU figure.
+
+    Raises:
+        GradGuardError: a bad ``cpu`` or ``share``, naming the value and what is accepted.
     """
 
     def __init__(
