@@ -1,39 +1,21 @@
 """megatron-core's real ``forward_backward_no_pipelining`` around a real ``GPTModel``: the seed's case.
 
 The model is a ``GPTModel`` from the local (non-TE) layer spec, built as the *last stage* of a pipeline
-(``pre_process=False``): per micro-batch it computes on the activation the previous stage sent, a
-fresh leaf that requires grad, as Megatron's P2P receive buffer is. With one rank there is no previous
-stage, so ``forward_step_func`` makes that buffer itself and hands it to ``model.set_input_tensor``
-(what the pipelined schedules do with what they receive). The ``loss_func`` is verl's shape, with the
-field's mistake: it returns ``(loss, {"log_probs": ..., "entropy": ...})`` with both still carrying
-the graph. The schedule appends that dict to ``forward_data_store`` and keeps it to the end, so each
-micro-batch's graph, and with it the receive buffer and its ``.grad``, stays alive: the analytic pin
-is ``2 * seq * batch * hidden * itemsize`` per micro-batch (:func:`pin_bytes`); the record itself is
-``log_probs`` and ``entropy``, float32 (:func:`record_bytes`).
+(``pre_process=False``): per micro-batch ``forward_step_func`` makes the activation a previous stage
+would send (a fresh leaf that requires grad, as Megatron's P2P receive buffer is) and hands it to
+``model.set_input_tensor``. The ``loss_func`` is verl's shape, with the field's mistake: it returns
+``(loss, {"log_probs": ..., "entropy": ...})`` with both still carrying the graph, which the schedule
+keeps in ``forward_data_store`` to the end: the analytic pin is :func:`pin_bytes` per micro-batch, the
+record :func:`record_bytes`. World size 1 on gloo (an in-process ``HashStore``, no port), TP = PP = CP = 1,
+CPU initialization of the weights, dropout 0.
 
-World size 1 on gloo (an in-process ``HashStore``, no port), ``parallel_state.initialize_model_parallel()``
-with TP = PP = CP = 1, CPU initialization of the weights, dropout 0.
-
-**CPU.** In this configuration megatron-core 0.19.2 needs CUDA in exactly three places; the harness deals with
-each narrowly and with nothing else (no ``torch.cuda`` mock):
-
-1. ``schedules.forward_backward_no_pipelining`` allocates ``total_num_tokens = torch.zeros([],
-   dtype=torch.int, device="cuda")``. A ``TorchFunctionMode`` (:class:`_CPURedirect`) rewrites the
-   device of that one call (identified by the function's code object and the line) to ``"cpu"``.
-   Every other torch call passes untouched, and any of them that returns a CUDA tensor raises.
-   :func:`check_schedule_cuda_lines` compares every line that mentions CUDA in the functions of
-   ``schedules.py`` that this path runs with :data:`KNOWN_CUDA_LINES`, and refuses a release that
-   adds or changes one.
-2. ``DotProductAttention`` takes its score buffer from ``parallel_state.get_global_memory_buffer()``,
-   which allocates on ``torch.cuda.current_device()`` when the buffer is empty or too small; the
-   harness puts a CPU tensor of the size it needs there first (Megatron reuses it).
-3. ``DotProductAttention`` runs its dropout inside ``get_cuda_rng_tracker().fork()``, which reads
-   the CUDA RNG state; the harness selects Megatron's own inference RNG tracker (its ``fork`` is a
-   no-op). The dropout is 0, so no random number is drawn either way.
-
-Anything else that reaches CUDA on CPU is re-raised as a :class:`~gradguard.GradGuardError` naming
-the megatron-core line. On CUDA none of the three applies: the real RNG tracker is seeded with
-``model_parallel_cuda_manual_seed`` and the weights are moved to the device after initialization.
+On CPU megatron-core needs CUDA in exactly three places of this path; the harness deals with each
+narrowly (no ``torch.cuda`` mock): :class:`_CPURedirect` rewrites the device of the one
+``torch.zeros(..., device="cuda")`` of the schedule, a CPU tensor is put in the global memory buffer
+first, and Megatron's inference RNG tracker is selected. :func:`check_schedule_cuda_lines` refuses a
+release whose schedule adds or changes a line that mentions CUDA (:data:`KNOWN_CUDA_LINES`); any
+other CUDA use is re-raised as a :class:`~gradguard.GradGuardError` naming the megatron-core line.
+The three places and the figures: ``docs/benchmarks.md`` (*Megatron's real schedule*).
 """
 
 from __future__ import annotations
