@@ -15,6 +15,7 @@ narrowly (no ``torch.cuda`` mock): :class:`_CPURedirect` rewrites the device of 
 first, and Megatron's inference RNG tracker is selected. :func:`check_schedule_cuda_lines` refuses a
 release whose schedule adds or changes a line that mentions CUDA (:data:`KNOWN_CUDA_LINES`); any
 other CUDA use is re-raised as a :class:`~gradguard.GradGuardError` naming the megatron-core line.
+On CUDA none of the three applies (the real RNG tracker, seeded; the weights moved after initialization).
 The three places and the figures: ``docs/benchmarks.md`` (*Megatron's real schedule*).
 """
 
