@@ -1,25 +1,11 @@
 """The watch's repair: a dead graph's tensor replaced, in place, by its detached self.
 
-What is repaired
-    Only tensors whose graph is dead (:mod:`gradguard._graph.liveness`: no backward through it can
-    succeed any more), so no gradient the program can still compute changes. A graph that can still
-    be backwarded is reported and left alone.
-
-Where it writes
-    At the deepest place on the path to the tensor that Python can assign (a list, deque or dict
-    item; an object's attribute or slot; a module global; a class attribute) and that is the
-    program's own state (:mod:`gradguard._heap.ownership`): never torch's objects (dynamo, FX, optimizers),
-    the standard library's, or an installed package's objects; never an object whose hash is
-    computed from its fields (a frozen dataclass, which also promises never to change), and never
-    through a class's own ``__setattr__`` (it is neither called nor bypassed: such an object is
-    reported instead). What is written is the value there with exactly the dead tensors replaced by
-    their ``detach()`` (same storage, same subclass), other tensors untouched.
-
-What it says
-    A holder is ``repaired`` only when, read back after the write, the value no longer reaches the
-    tensor; ``repaired in part`` when some of its tensors were and some were not; ``not repairable``
-    (with the reason) when a dead graph is held where gradguard may not write; ``live`` when its
-    graphs can still be backwarded.
+Only tensors whose graph is dead (:mod:`gradguard._graph.liveness`) are replaced, by their
+``detach()`` (same storage, same subclass), at the deepest place on the path that Python can assign
+and that is the program's own state (:mod:`gradguard._heap.ownership`); never through a class's own
+``__setattr__``, never into an object whose hash is computed from its fields. A holder is
+``repaired`` only when the value, read back after the write, no longer reaches the tensor. Where it
+may write and the outcomes it reports: ``docs/guide/finding-leaks.md`` (*What is repaired*).
 """
 
 from __future__ import annotations
