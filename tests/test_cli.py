@@ -363,7 +363,7 @@ def test_bench_help_through_the_module() -> None:
     assert proc.stdout.startswith("usage: gradguard bench")
 
 
-# --------------------------------------------------------------------------- bad input, refused before the run (d16)
+# --------------------------------------------------------------------------- bad input, refused before the run
 
 SMALL = ["bench", "--scenario", "lora-checkpoint", "--micro-batches", "3", "--no-progress"]
 
@@ -422,7 +422,7 @@ def test_a_bad_gradguard_variable_is_a_one_line_refusal_of_bench() -> None:
 
 
 def test_gradguard_off_does_not_fail_the_guarded_run(tmp_path: Any) -> None:
-    """d06: the guarded run pins its mode; GRADGUARD=off used to turn it off and report FAIL."""
+    """The guarded run pins its mode: GRADGUARD=off must not turn it off and report FAIL."""
     out = tmp_path / "r.json"
     proc = _run(sys.executable, "-m", "gradguard", *SMALL, "--json", str(out), GRADGUARD="off")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -197,7 +197,7 @@ def test_the_megatron_gpt_run_grows_by_at_least_1_gib() -> None:
     micro_batches = int(re.search(r"--scenario megatron-gpt \\\n\s+--micro-batches (\d+)", RUN_SH.read_text()).group(1))
     growth = micro_batches * (pin_bytes(size) + record_bytes(size))
     assert growth >= 2**30, growth
-    assert abs(pin_bytes(size) / 2**20 - 45.4) < 0.05  # the seed's 45.4 MiB per micro-batch
+    assert abs(pin_bytes(size) / 2**20 - 45.4) < 0.05  # the seed-pp4 preset: 45.4 MiB pinned per micro-batch
 
 
 # --------------------------------------------------------------------------------------------------

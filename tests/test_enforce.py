@@ -544,7 +544,7 @@ def test_tensors_under_enforce_are_untouched_outside_stores() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Reported defects (issue 14)
+# Arguments, imports bound before the scope, generators and coroutines, bad engines
 # --------------------------------------------------------------------------------------------------
 
 VARARGS_SOURCE = """
@@ -577,7 +577,7 @@ def varargs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleT
 
 
 def test_a_keyword_only_store_after_varargs_is_only_taken_by_keyword(varargs: ModuleType) -> None:
-    """d12: the store parameter after *args took a positional argument; a valid call then failed."""
+    """A store parameter after *args must not take a positional argument (a valid call then failed)."""
     x = torch.randn(2)
     with gradguard.enforce(engines="none", stores={f"{varargs.__name__}:run": "output_lst"}):
         assert varargs.run(x, x) == 2  # the positional batches are left alone
@@ -587,7 +587,7 @@ def test_a_keyword_only_store_after_varargs_is_only_taken_by_keyword(varargs: Mo
 
 
 def test_a_name_imported_before_the_scope_is_guarded_too(varargs: ModuleType) -> None:
-    """d23: `from module import step` before the scope bound the unpatched function: silently unguarded."""
+    """`from module import step` before the scope binds the unpatched function: it must not be silently unguarded."""
     namespace: dict[str, Any] = {}
     exec(f"from {varargs.__name__} import step", namespace)  # noqa: S102 - a module importing the name
     alias = types_module("gg_alias_" + uuid.uuid4().hex[:8], namespace)
@@ -610,7 +610,7 @@ def types_module(name: str, namespace: dict[str, Any]) -> ModuleType:
 
 
 def test_a_bound_method_target_is_restored_exactly(varargs: ModuleType) -> None:
-    """d23: the instance was left with a bound method in its __dict__ after the scope."""
+    """The instance must not be left with a bound method in its __dict__ after the scope."""
     assert "step" not in vars(varargs.engine)
     with gradguard.enforce(mode="raise", engines="none", stores={f"{varargs.__name__}:engine.step": "output_lst"}):
         with pytest.raises(GraphRetentionError):
@@ -622,7 +622,7 @@ def test_a_bound_method_target_is_restored_exactly(varargs: ModuleType) -> None:
 
 
 def test_enforce_scopes_the_body_of_generator_and_async_functions() -> None:
-    """d10: the body of a decorated generator or coroutine ran outside the scope."""
+    """The body of a decorated generator or coroutine runs inside the scope."""
     import asyncio
     import inspect
 
@@ -692,6 +692,6 @@ def test_a_generator_scope_holds_its_installs_until_it_ends(sched: ModuleType) -
 
 @pytest.mark.parametrize("bad", [123, b"megatron", 1.5, object()])
 def test_engines_that_are_not_names_are_clear_errors(bad: Any) -> None:
-    """d17: enforce(engines=123) raised TypeError; engines=b"megatron" named 'unknown engine 109'."""
+    """enforce(engines=123) and engines=b"megatron" are refused naming the value (not 'unknown engine 109')."""
     with pytest.raises(GradGuardError, match=r"engines=.* is not accepted; accepted: 'auto', 'none', or a list"):
         gradguard.enforce(engines=bad)

@@ -1,4 +1,4 @@
-"""FSDP2 (``fully_shard``) and ``DTensor`` on a one-process gloo group, on CPU (d05, d17).
+"""FSDP2 (``fully_shard``) and ``DTensor`` on a one-process gloo group, on CPU.
 
 FSDP2 registers sharded ``DTensor`` parameters; with ``reshard_after_forward=True`` it swaps in
 unsharded ones for forward and back afterwards, so the graph reaches parameters

@@ -288,7 +288,7 @@ def test_pinned_bytes_after_detach_tree_is_zero() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# pinned_bytes counts the memory tensors really hold (d17): sparse, meta, wrapper subclasses
+# pinned_bytes counts the memory tensors really hold: sparse, meta, wrapper subclasses
 # --------------------------------------------------------------------------------------------------
 
 I64 = 8  # bytes per int64 element

@@ -1,9 +1,9 @@
 """``LossCheck``, the configured loss check ``@forward_step`` and the adapters hold, and the loss
 contract under ``torch.func`` transforms.
 
-Regression tests: d03 (a ``params=`` generator used up by the first walk), d17 (the adapter's option
-named in its error; ``params=`` silently ignored), d20 (``torch.func.jvp``/``vmap`` over a
-``@forward_step`` function raised a false ``LossContractError``).
+Guarded against: a ``params=`` generator used up by the first walk; an adapter's option not named
+in its error, and ``params=`` silently ignored; a false ``LossContractError`` from
+``torch.func.jvp``/``vmap`` over a ``@forward_step`` function.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ X = torch.randn(2, 4)
 
 
 # --------------------------------------------------------------------------------------------------
-# d03: params= is read once, at construction; a module is re-read at every walk
+# params= is read once, at construction; a module is re-read at every walk
 # --------------------------------------------------------------------------------------------------
 
 
@@ -110,7 +110,7 @@ def test_check_every_walks_every_nth_call_and_checks_requires_grad_between(model
 
 
 # --------------------------------------------------------------------------------------------------
-# d17: options are validated; the error names the option the user set
+# options are validated; the error names the option the user set
 # --------------------------------------------------------------------------------------------------
 
 
@@ -182,7 +182,7 @@ def test_no_grad_is_not_checked(model: PolicyValue) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# d20: torch.func transforms and forward-mode AD
+# torch.func transforms and forward-mode AD
 # --------------------------------------------------------------------------------------------------
 
 
@@ -260,7 +260,7 @@ def test_forward_step_reads_a_params_generator_once(model: PolicyValue) -> None:
         return loss, {"loss": loss.detach()}
 
     fs(X, False)
-    for _ in range(2):  # d03: the second and later walks passed vacuously
+    for _ in range(2):  # the second and later walks must not pass vacuously
         with pytest.raises(LossContractError, match=r"param\[0\], param\[1\]"):
             fs(X, True)
 

@@ -607,7 +607,7 @@ def test_bad_env_var_in_a_subprocess(fresh_interpreters: dict[str, dict[str, Any
 
 
 # --------------------------------------------------------------------------------------------------
-# Reported defects (issue 14): graphs where the walk cannot rebuild
+# Graphs where the walk cannot rebuild
 # --------------------------------------------------------------------------------------------------
 
 
@@ -631,7 +631,7 @@ def _holders() -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", list(_holders()))
 def test_raise_refuses_a_graph_wherever_it_is_held(name: str) -> None:
-    """d13: raise mode stored graphs inside containers the walk could not enter."""
+    """raise mode must not store graphs inside containers the walk cannot enter."""
     rec = _holders()[name]
     store = gradguard.guard([], mode="raise", name="strict")
     with pytest.raises(GraphRetentionError, match="MulBackward0"):

@@ -1,4 +1,4 @@
-"""``reaches_params`` through reentrant activation checkpointing (d04), and checks that change nothing.
+"""``reaches_params`` through reentrant activation checkpointing, and checks that change nothing.
 
 A reentrant checkpoint (``torch.utils.checkpoint.checkpoint(..., use_reentrant=True)``; Megatron's
 ``CheckpointFunction``, see ``integration/test_recompute_megatron.py``) runs its forward under

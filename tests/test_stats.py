@@ -269,12 +269,12 @@ def test_threads_lose_nothing_and_stats_stay_consistent() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Reported defects (issue 14)
+# Counting under threads, resets and odd call sites
 # --------------------------------------------------------------------------------------------------
 
 
 def test_reset_racing_a_publishing_thread_never_breaks_stats() -> None:
-    """d09: reset_stats() while another thread published left stats() raising KeyError until the next reset.
+    """reset_stats() while another thread publishes must not leave stats() raising KeyError until the next reset.
 
     The race, as reported: a producer thread publishes graph records without pause while this thread
     resets and reads; before the fix, with four producers, it broke within a second or two.
@@ -316,7 +316,7 @@ def test_reset_racing_a_publishing_thread_never_breaks_stats() -> None:
 
 
 def test_a_reset_between_a_new_site_and_its_first_count_is_ignored_not_fatal() -> None:
-    """d09, the interleaving itself: a thread made a site's row, a reset came, then it counted."""
+    """The same, the interleaving itself: a thread made a site's row, a reset came, then it counted."""
     from gradguard._policy import stats as _stats
 
     count, _ = _stats.new_site("racy", "detach", None, "here:1", 16)
@@ -328,7 +328,7 @@ def test_a_reset_between_a_new_site_and_its_first_count_is_ignored_not_fatal() -
 
 
 def test_threads_that_ended_keep_their_counts_and_leave_no_tally() -> None:
-    """d18: each short-lived thread left a tally behind, even across reset_stats()."""
+    """A short-lived thread must not leave a tally behind, even across reset_stats()."""
     from gradguard._policy import stats as _stats
 
     x = torch.randn(2, requires_grad=True)
@@ -346,7 +346,7 @@ def test_threads_that_ended_keep_their_counts_and_leave_no_tally() -> None:
 
 
 def test_only_graph_records_and_distinct_tensors_are_counted() -> None:
-    """d21: leaf-only records and repeated references were counted as detached graphs."""
+    """Leaf-only records and repeated references are not counted as detached graphs."""
     x, leaf = torch.randn(2, requires_grad=True), torch.randn(2, requires_grad=True)
     store = gradguard.guard([], name="out")
 
@@ -365,7 +365,7 @@ def test_only_graph_records_and_distinct_tensors_are_counted() -> None:
 
 
 def test_a_name_with_control_characters_cannot_forge_lines() -> None:
-    """d19: names were printed verbatim in messages and the stats table."""
+    """Names are shown escaped (their repr) in messages and the stats table, never verbatim."""
     x = torch.randn(2, requires_grad=True)
     forged = "out\nRefused (mode 'raise'): nothing was stored. FORGED"
     with pytest.raises(gradguard.GraphRetentionError) as info:
@@ -379,7 +379,7 @@ def test_a_name_with_control_characters_cannot_forge_lines() -> None:
 
 
 def test_an_append_with_no_python_caller_stores_the_record() -> None:
-    """d11: a guarded append called from C with no Python frame above it raised, and the record was lost."""
+    """A guarded append called from C with no Python frame above it must neither raise nor lose the record."""
     import _thread
     import time
 

@@ -300,7 +300,7 @@ with gradguard.enforce(mode="raise", engines="none"):
 
 
 def test_gradguard_off_at_decoration_is_still_outranked_by_enforce() -> None:
-    """d06: GRADGUARD=off read when decorating must not beat enforce(mode="raise") at call time."""
+    """GRADGUARD=off read when decorating must not beat enforce(mode="raise") at call time."""
     env = {**os.environ, "GRADGUARD": "off"}
     proc = subprocess.run([sys.executable, "-c", _OFF_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -380,12 +380,12 @@ def test_warnings_and_stats_name_the_line_that_called_the_step() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Reported defects (issue 14)
+# Results shared with the engine, async functions, ignored options, labels
 # --------------------------------------------------------------------------------------------------
 
 
 def test_a_custom_mapping_result_is_never_mutated() -> None:
-    """d02: copy.copy shared the result's storage; the engine's own object lost its graph: w.grad 2.8 -> 1.0."""
+    """The engine's own result keeps its graph: a copy.copy sharing its storage made it lose it (w.grad 2.8 -> 1.0)."""
     import collections.abc as abc
 
     class Result(abc.MutableMapping):  # type: ignore[type-arg]
@@ -427,7 +427,7 @@ def test_a_custom_mapping_result_is_never_mutated() -> None:
 
 
 def test_async_forward_step_is_guarded_and_checked() -> None:
-    """d10: an async def was decorated as if sync: the coroutine escaped unguarded and unchecked."""
+    """An async def is not decorated as if sync: its coroutine must not escape unguarded and unchecked."""
     import asyncio
     import inspect
 
@@ -464,7 +464,7 @@ def test_generator_functions_are_refused_at_decoration() -> None:
 
 
 def test_params_mean_the_graph_walk_unless_another_check_is_asked() -> None:
-    """d17: params= with the default check was silently ignored."""
+    """params= with the default check is not silently ignored."""
     policy, value = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
 
     @gradguard.forward_step(params=policy)
@@ -479,7 +479,7 @@ def test_params_mean_the_graph_walk_unless_another_check_is_asked() -> None:
 
 
 def test_a_result_key_whose_repr_raises_does_not_break_the_step() -> None:
-    """d24: labels were built with repr(key) for every key, on the clean path too."""
+    """A key whose repr raises breaks nothing: labels are not built with repr(key) for every key on the clean path."""
     x = torch.randn(2, requires_grad=True)
 
     class K:

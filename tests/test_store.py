@@ -148,7 +148,7 @@ def test_clean_values_are_stored_as_is(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_leaf_requiring_grad_is_stored_as_is(kind: str) -> None:
-    """d15: a leaf holds no graph; a Parameter stays a Parameter, with its .grad."""
+    """A leaf holds no graph; a Parameter stays a Parameter, with its .grad."""
     store, held = make_store(list, kind, mode="raise")
     p = torch.nn.Parameter(torch.ones(2))
     store.append({"w": p})  # not refused: nothing to free
@@ -237,7 +237,7 @@ def test_dict_kinds_keep_their_type() -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_defaultdict_missing_values_are_guarded_stores(kind: str) -> None:
-    """d13: ``store["loss"].append(...)`` goes into a store the default factory made: guarded too."""
+    """``store["loss"].append(...)`` goes into a store the default factory made: guarded too."""
     if kind == "new":
         store = gradguard.guard(collections.defaultdict(list), name="hist", mode="raise")
         held = store
@@ -300,7 +300,7 @@ def test_object_with_append() -> None:
 
 
 def test_user_list_every_way_in_is_guarded() -> None:
-    """d13: a ``UserList`` (a MutableSequence) is guarded in place on every way in."""
+    """A ``UserList`` (a MutableSequence) is guarded in place on every way in."""
     original = collections.UserList()
     store = gradguard.guard(original, mode="raise")
     for way in (
@@ -316,7 +316,7 @@ def test_user_list_every_way_in_is_guarded() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# every consumer of a list accepts a new store (d07, d08)
+# every consumer of a list accepts a new store
 # --------------------------------------------------------------------------------------------------
 
 
@@ -398,7 +398,7 @@ def test_pytree_sees_the_items_of_a_store() -> None:
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", pytest.param("inductor", marks=pytest.mark.integration)])
 def test_torch_compile_with_a_new_store(backend: str) -> None:
-    """d07: compiled code may append to a store: a graph break, never a crash or a kept graph."""
+    """Compiled code may append to a store: a graph break, never a crash or a kept graph."""
     torch._dynamo.reset()
     lin = torch.nn.Linear(4, 4)
 
@@ -470,14 +470,14 @@ def test_guarding_a_guarded_store(kind: str) -> None:
     assert gradguard.guard(store) is store
     assert gradguard.guard(store, mode="detach") is store  # the same options
     with pytest.raises(gradguard.GradGuardError, match=r"already guarded with mode='detach'.*mode='raise'"):
-        gradguard.guard(store, mode="raise", name="twice")  # d17: never silently ignored
+        gradguard.guard(store, mode="raise", name="twice")  # never silently ignored
     store.append(graph())
     assert_detached(held)
     assert {key[0] for key in gradguard.stats()} == {"once"}
 
 
 def test_guarding_a_class_is_a_clear_error() -> None:
-    """d17: guard(list), the class, says what was meant."""
+    """guard(list), the class, says what was meant."""
     with pytest.raises(TypeError, match=r"not the class list: guard\(list\(\)\)"):
         gradguard.guard(list)
 

@@ -100,7 +100,7 @@ def test_assert_no_graph_on_a_bare_tensor() -> None:
     ids=["UserList", "SimpleNamespace", "set", "dict-key"],
 )
 def test_assert_no_graph_looks_where_the_walk_cannot_rebuild(make: Any) -> None:
-    """d13: assert_no_graph passed graphs inside these."""
+    """assert_no_graph finds graphs inside these."""
     x = torch.randn(3, requires_grad=True)
     with pytest.raises(AssertionError, match="MulBackward0"):
         assert_no_graph(make(x * 2))
@@ -257,7 +257,7 @@ def test_probe_needs_two_steps_to_measure_growth(steps: int) -> None:
 
 
 def test_probe_used_before_entering_says_how_to_use_it() -> None:
-    """d17: it said "needs at least 2 step() readings ..., has -1"."""
+    """It must not say "needs at least 2 step() readings ..., has -1"."""
     probe = MemoryProbe()
     for use in (probe.step, lambda: probe.assert_growth_below(1)):
         with pytest.raises(RuntimeError, match=r"before the probe was entered: use `with MemoryProbe\(\) as probe:`"):

@@ -403,7 +403,7 @@ def test_non_leaf_tensor_detached_top_level() -> None:
 
 
 def test_leaf_requiring_grad_is_kept() -> None:
-    """A leaf holds no graph: detaching it would free nothing and cut it from its .grad (d15)."""
+    """A leaf holds no graph: detaching it would free nothing and cut it from its .grad."""
     leaf = torch.randn(4, requires_grad=True)
     rec = {"leaf": leaf}
     assert detach_tree(rec) is rec

@@ -1,4 +1,4 @@
-"""Reported defects (issue 14): a record is rebuilt exactly, or refused; never something different."""
+"""A record is rebuilt exactly, or refused; never something different."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ import gradguard
 from gradguard import GradGuardError, detach_tree, find_graphs
 
 # --------------------------------------------------------------------------------------------------
-# Reported defects (issue 14): rebuilt exactly, or refused; never something different
+# Rebuilt exactly, or refused; never something different
 # --------------------------------------------------------------------------------------------------
 
 
 def test_chainmap_is_rebuilt_from_its_maps_not_through_its_constructor() -> None:
-    """d01: ChainMap(zip(...)) kept the zip object as its only map; reading the record raised."""
+    """ChainMap(zip(...)) must not keep the zip object as its only map (reading the record then raised)."""
     cm = collections.ChainMap({"log_probs": grad_tensor()}, {"step": 7})
     out = detach_tree(cm)
     assert type(out) is collections.ChainMap and len(out.maps) == 2
@@ -32,7 +32,7 @@ def test_chainmap_is_rebuilt_from_its_maps_not_through_its_constructor() -> None
 
 
 def test_mapping_whose_storage_is_an_attribute_is_never_mutated() -> None:
-    """d02's mechanism: a MutableMapping keeping its items in ``self._d``; a shallow copy shares it."""
+    """A MutableMapping keeping its items in ``self._d``; a shallow copy shares it."""
 
     class Result(MutableMapping):  # type: ignore[type-arg]
         def __init__(self, **kw: Any) -> None:
@@ -62,7 +62,7 @@ def test_mapping_whose_storage_is_an_attribute_is_never_mutated() -> None:
 
 
 def test_attributes_and_slots_of_rebuilt_objects_are_kept() -> None:
-    """d14: tensor attributes, namedtuple/tuple-subclass attributes, deque-subclass slots."""
+    """Tensor attributes, namedtuple/tuple-subclass attributes, deque-subclass slots."""
     t = grad_tensor()
     t.tag = "chunk-3"  # type: ignore[attr-defined]
     assert detach_tree([t])[0].tag == "chunk-3"
@@ -94,7 +94,7 @@ def test_attributes_and_slots_of_rebuilt_objects_are_kept() -> None:
 
 
 def test_subclass_overrides_are_not_run_when_rebuilding() -> None:
-    """d14, d24: a non-idempotent __setitem__ and a partial __iter__ do not change what is rebuilt."""
+    """A non-idempotent __setitem__ and a partial __iter__ do not change what is rebuilt."""
 
     class Boxed(dict):  # type: ignore[type-arg]
         def __setitem__(self, k: Any, v: Any) -> None:
@@ -119,7 +119,7 @@ def test_subclass_overrides_are_not_run_when_rebuilding() -> None:
 
 
 def test_a_class_with_an_unhashable_metaclass_is_a_leaf() -> None:
-    """d24: `cls in frozenset` hashed the class; an unhashable metaclass raised TypeError."""
+    """Looking a class up must not hash it (`cls in frozenset`): an unhashable metaclass raised TypeError."""
 
     class Meta(type):
         def __eq__(cls, other: object) -> bool:
@@ -136,7 +136,7 @@ def test_a_class_with_an_unhashable_metaclass_is_a_leaf() -> None:
 
 
 def test_shared_references_stay_shared_and_are_counted_once() -> None:
-    """d22, d21: one tensor referenced many times is detached once, and stays one object."""
+    """One tensor referenced many times is detached once, and stays one object."""
     from gradguard._tree.walk import detach
 
     y = grad_tensor()
@@ -151,7 +151,7 @@ def test_shared_references_stay_shared_and_are_counted_once() -> None:
 
 
 def test_counts_survive_deep_nesting() -> None:
-    """Issue 12: the old walk reset its count when a deep input made it restart (returned 1, not 71)."""
+    """The count survives a deep input that makes the walk switch to its explicit stack (71, not 1)."""
     from gradguard._tree.walk import detach
 
     deep: Any = grad_tensor()
@@ -165,7 +165,7 @@ def test_counts_survive_deep_nesting() -> None:
 
 
 def test_dataclass_instance_state_is_walked_too() -> None:
-    """d25: a cached_property cache (in __dict__) carrying a graph is detached and found."""
+    """A cached_property cache (in __dict__) carrying a graph is detached and found."""
     from functools import cached_property
 
     @dataclasses.dataclass
@@ -185,7 +185,7 @@ def test_dataclass_instance_state_is_walked_too() -> None:
 
 
 def test_pytree_context_tensors_are_detached_and_found() -> None:
-    """d25: a tensor in a registered pytree node's context."""
+    """A tensor in a registered pytree node's context."""
 
     class Custom:
         def __init__(self, x: Any, y: Any, z: Any) -> None:
@@ -221,7 +221,7 @@ def test_pytree_context_tensors_are_detached_and_found() -> None:
 
 
 def test_a_pytree_registered_dataclass_keeps_its_init_false_field() -> None:
-    """d25: pytree's register_dataclass rebuilds through __init__ and loses init=False fields."""
+    """A dataclass registered with pytree's register_dataclass (which calls __init__) keeps init=False fields."""
 
     @dataclasses.dataclass
     class Data:
@@ -240,7 +240,7 @@ def test_a_pytree_registered_dataclass_keeps_its_init_false_field() -> None:
 
 
 def test_containers_the_walk_enters_and_those_it_only_inspects() -> None:
-    """d13: UserList and SimpleNamespace are rebuilt; sets and dict keys are found, never replaced."""
+    """UserList and SimpleNamespace are rebuilt; sets and dict keys are found, never replaced."""
     user_list = collections.UserList([grad_tensor()])
     assert detach_tree(user_list).data[0].grad_fn is None and find_graphs(user_list)[0].path == ".data[0]"
     ns = types.SimpleNamespace(o=grad_tensor())
@@ -263,7 +263,7 @@ def test_objects_no_rule_knows_are_inspected_not_rebuilt() -> None:
 
 
 def test_run_time_types_are_not_kept_alive_by_the_walk() -> None:
-    """d18: the spec cache held every record type ever walked."""
+    """The spec cache must not hold every record type ever walked."""
     import gc
     import weakref
 

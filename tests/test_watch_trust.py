@@ -1,9 +1,8 @@
 """A watch you can leave on: it never changes a correct program, never cries wolf, says what is true.
 
-Each test pins one behaviour the probe of the watch found broken (``shared/probe-watch``, D1-D14):
-the repair leaves graphs that can still be backwarded alone, the audit neither calls nor writes the
-program's objects, module-level scripts and torch.compile raise no false alarm, and the summary and
-the fixes say only what is so.
+Each test pins one behaviour a watch left on must have: the repair leaves graphs that can still be
+backwarded alone, the audit neither calls nor writes the program's objects, module-level scripts and
+torch.compile raise no false alarm, and the summary and the fixes say only what is so.
 """
 
 from __future__ import annotations
@@ -62,7 +61,7 @@ def equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 
 # --------------------------------------------------------------------------------------------------
-# D3: the repair never changes a correct program
+# The repair never changes a correct program
 # --------------------------------------------------------------------------------------------------
 
 
@@ -239,7 +238,7 @@ def test_records_also_used_as_dict_keys_are_not_rebuilt_and_lookups_still_work()
 
 
 # --------------------------------------------------------------------------------------------------
-# D4: "repaired" only when a graph was released
+# "repaired" only when a graph was released
 # --------------------------------------------------------------------------------------------------
 
 
@@ -293,7 +292,7 @@ def test_repaired_means_released_and_memory_stays_flat() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# D7, D5: the audit neither writes nor calls the program's objects
+# The audit neither writes nor calls the program's objects
 # --------------------------------------------------------------------------------------------------
 
 
@@ -360,7 +359,7 @@ def test_the_path_search_calls_no_method_or_property_of_the_program() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# D1, D2: no false alarm on module-level scripts and torch.compile
+# No false alarm on module-level scripts and torch.compile
 # --------------------------------------------------------------------------------------------------
 
 SCRIPTS = {
@@ -461,7 +460,7 @@ def test_torch_compile_raises_no_false_alarm_and_the_repair_writes_nothing_into_
 
 
 # --------------------------------------------------------------------------------------------------
-# D12, D9, D10, D11: say what is true, find every holder
+# Say what is true, find every holder
 # --------------------------------------------------------------------------------------------------
 
 
@@ -564,7 +563,7 @@ def test_a_backwarded_graph_reports_the_nodes_it_keeps() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# D8: a fix only where the user can apply it, and one that works
+# A fix only where the user can apply it, and one that works
 # --------------------------------------------------------------------------------------------------
 
 
@@ -617,7 +616,7 @@ def test_the_suggested_guard_fixes_the_leak() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# D6, D14 and the rest
+# One audit at a time, refused decorations, python -c, liveness, what a repair gave back
 # --------------------------------------------------------------------------------------------------
 
 

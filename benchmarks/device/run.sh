@@ -12,7 +12,7 @@
 #   5. gradguard bench --device cuda --preset seed-pp4 --scenario megatron-gpt --micro-batches 64
 #   6. gradguard bench --device cuda --late-leak (a leak that starts late: the step the watch reports
 #      it at, memory after repair, the watch's share of a clean run, CUDA's memory figure)
-#      (the real schedule around a GPTModel at the seed's activation size: >= 2.8 GiB unguarded)
+#      (the real schedule around a GPTModel at the seed-pp4 preset's activation size: >= 2.8 GiB unguarded)
 # and writes OUTDIR/bench-cuda.{json,md,png}, OUTDIR/late-leak-cuda.png and OUTDIR/run.log (5 files). Every step has a time
 # limit and the whole script a budget (GRADGUARD_DEVICE_BUDGET_S, default 450 s); a failing step is
 # recorded and the others still run; the exit status is 1 if any step failed.

@@ -42,7 +42,7 @@ def read_steps(path: Path | None) -> list[dict[str, Any]]:
 
 
 def seed_targets(report: dict[str, Any]) -> list[tuple[str, bool, str]]:
-    """Issue #13's CUDA targets for the seed preset, per scenario: ``(target, met, figure)``."""
+    """The ``seed-pp4`` preset's CUDA targets, per scenario: ``(target, met, figure)``."""
     out = []
     for name, r in report["scenarios"].items():
         u, g = r["unguarded"], r["guarded"]

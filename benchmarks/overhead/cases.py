@@ -222,7 +222,7 @@ def _apply_to_collection_cases(selected: frozenset[str]) -> Iterator[list[Case]]
 
 
 # --------------------------------------------------------------------------------------------------
-# The walk's inline scan of exact dict/list/tuple children (issue 12 item 2)
+# The walk's inline scan of exact dict/list/tuple children
 # --------------------------------------------------------------------------------------------------
 
 _F = "fast path"
@@ -277,7 +277,7 @@ _FAST = {  # name: (payload, the general path)
 }
 
 
-@group("walk fast path: _Walk.builtin vs the spec path (issue 12 item 2)", *_FAST)
+@group("walk fast path: _Walk.builtin vs the spec path", *_FAST)
 def _fast_path_cases(selected: frozenset[str]) -> Iterator[list[Case]]:
     fast, top_level, every_level = _walks()
     general = {"top level": top_level, "every level": every_level}

@@ -1,4 +1,4 @@
-"""Clean training loops under the watch: no report at any step boundary (issue #11, "Must hold").
+"""Clean training loops under the watch: no report at any step boundary.
 
 Each stack runs ``STEPS`` training steps of its example's *guarded* path, the way the example guards
 it, each step ending in a real ``torch.optim.AdamW.step()``, inside ``gradguard.watch(every=1,
@@ -9,7 +9,7 @@ the third boundary (``history`` is a frame's variable: the watch gives those one
 so the records of step 1 are a leak once they have outlived two): the check can fail.
 
 - megatron-core, the real schedule: ``forward_backward_no_pipelining`` around a ``GPTModel``
-  (``gradguard/_bench/megatron_gpt.py``) with ``examples/megatron_gpt_schedule.py``'s ``loss_func``,
+  (``gradguard/_tools/bench/megatron_gpt.py``) with ``examples/megatron_gpt_schedule.py``'s ``loss_func``,
   under ``gradguard.enforce(engines=["megatron"])``;
 - megatron-core, ``schedules.forward_step`` / ``backward_step`` on ``examples/megatron_forward_step.py``'s
   last stage and ``loss_func``, under the same ``enforce``;

@@ -1,4 +1,4 @@
-"""Real libraries that rebuild containers accept a guarded store (d08): accelerate's send_to_device
+"""Real libraries that rebuild containers accept a guarded store: accelerate's send_to_device
 and lightning_utilities' apply_to_collection rebuild with ``type(obj)(...)``."""
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def test_no_loss_check_under_no_grad(schedules: ModuleType) -> None:
 
 @pytest.mark.integration
 def test_configure_rejects_unknown_value() -> None:
-    """d17: the message names the parameter the user passed, and what it accepts."""
+    """The message names the parameter the user passed, and what it accepts."""
     for bad in ("loud", "strict"):
         with pytest.raises(gradguard.GradGuardError, match=rf"loss_check='{bad}' is not accepted; accepted: 'raise'"):
             megatron_adapter.configure(loss_check=bad)

@@ -1,6 +1,6 @@
 """megatron-core's real ``forward_backward_no_pipelining`` around a real ``GPTModel``, on CPU.
 
-The harness (``gradguard/_bench/megatron_gpt.py``, shared with ``gradguard bench --scenario
+The harness (``gradguard/_tools/bench/megatron_gpt.py``, shared with ``gradguard bench --scenario
 megatron-gpt``) builds a two-layer ``GPTModel`` from the local layer spec as a pipeline's last stage,
 at world size 1 on gloo, and runs Megatron's schedule over 16 micro-batches with a verl-style
 ``loss_func`` that publishes ``log_probs`` and ``entropy`` with their graph. On CPU it redirects

@@ -1,4 +1,4 @@
-"""``reaches_params`` through megatron-core's own recompute, on CPU (d04).
+"""``reaches_params`` through megatron-core's own recompute, on CPU.
 
 ``tensor_parallel.checkpoint`` (``CheckpointFunction``) is reentrant: its forward runs under
 ``no_grad`` and backward recomputes it. ``CheckpointWithoutOutput`` recomputes from a hook and keeps

@@ -1,4 +1,4 @@
-"""megatron-core's real ``forward_backward_no_pipelining`` around a real ``GPTModel``: the seed's case.
+"""megatron-core's real ``forward_backward_no_pipelining`` around a real ``GPTModel``, keeping a graph per micro-batch.
 
 The model is a ``GPTModel`` from the local (non-TE) layer spec, built as the *last stage* of a pipeline
 (``pre_process=False``): per micro-batch ``forward_step_func`` makes the activation a previous stage
@@ -172,7 +172,7 @@ def check_schedule_cuda_lines(schedules: ModuleType, source: str | None = None) 
         raise GradGuardError(
             f"megatron-core {_version()}'s {ENTRY} path mentions CUDA in lines this CPU harness does not "
             "know (it knows those of 0.19.2):\n" + "\n".join(detail) + "\nReview each: redirect what runs on "
-            "CPU narrowly in gradguard/_bench/megatron_gpt.py and add it to KNOWN_CUDA_LINES, with what "
+            "CPU narrowly in gradguard/_tools/bench/megatron_gpt.py and add it to KNOWN_CUDA_LINES, with what "
             "the harness does about it."
         )
     return found
@@ -200,7 +200,7 @@ class _CPURedirect(TorchFunctionMode):
             raise GradGuardError(
                 f"{caller.f_code.co_filename}:{caller.f_lineno} ({caller.f_code.co_name}) made a CUDA tensor "
                 f"({getattr(func, '__name__', func)}) during the CPU run of megatron-core {_version()}: not a "
-                "line this harness redirects. Redirect it narrowly in gradguard/_bench/megatron_gpt.py."
+                "line this harness redirects. Redirect it narrowly in gradguard/_tools/bench/megatron_gpt.py."
             )
         return out
 
@@ -224,7 +224,7 @@ def _cuda_named(where: str, cpu: bool = True) -> Iterator[None]:
         raise GradGuardError(
             f"{where}: megatron-core {_version()} reached CUDA on CPU at {at}: {text}. This harness deals "
             "with schedules.py's total_num_tokens, the attention score buffer and the attention-dropout RNG "
-            "fork only (see gradguard/_bench/megatron_gpt.py)."
+            "fork only (see gradguard/_tools/bench/megatron_gpt.py)."
         ) from exc
 
 

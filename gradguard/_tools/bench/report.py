@@ -38,7 +38,12 @@ def _figure(names: list[str], title: str, path: str, draw: Callable[[Any, str], 
 
 
 def verdicts(result: dict[str, Any]) -> list[tuple[str, bool, str]]:
-    """``(check, passed, detail)`` per target of issue #5, for one scenario's result."""
+    """``(check, passed, detail)`` per target of the bench, for one scenario's result.
+
+    The targets: the unguarded growth, less the record, is the analytic pin (the instrument is right);
+    the guarded growth is the record's (within 1% of the pin); the gradients are bitwise equal; the
+    step time ratio is shown, never judged (it is the machine's).
+    """
     pin = result["expected_pinned_bytes_per_microbatch"]
     record = result["record_bytes_per_microbatch"]
     u, g = result["unguarded"], result["guarded"]
