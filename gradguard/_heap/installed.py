@@ -10,7 +10,7 @@ import sys
 import sysconfig
 import types
 
-__all__ = ["library_dirs", "library_of_module", "package_version"]
+__all__ = ["library_dirs", "library_of_module", "package_version", "program_frame"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -59,6 +59,15 @@ def package_version(label: str) -> str | None:
     return None
 
 
+def program_frame(frame: types.FrameType | None) -> types.FrameType | None:
+    """``frame``, or the nearest frame it was called from, that runs the program's own code (no library's:
+    see :func:`library_of_module`); ``None`` when every frame from there out is a library's."""
+    while frame is not None:
+        module = frame.f_globals.get("__name__")
+        if not isinstance(module, str) or library_of_module(module) is None:
+            return frame
+        frame = frame.f_back
+    return None
 
 
 def _is_module(obj: object) -> bool:

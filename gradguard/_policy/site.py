@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import wrapt
 
-from .._heap.installed import library_of_module
+from .._heap.installed import program_frame
 
 __all__ = ["caller", "location", "set_origin", "user_frame", "warn_at"]
 
@@ -49,13 +49,8 @@ def user_frame() -> types.FrameType | None:
     """The innermost frame of the program itself: outside gradguard, wrapt, torch, the standard library
     and installed packages (accelerate's or transformers' wrapper around ``optimizer.step()``); the
     innermost frame outside gradguard and wrapt when every frame is a library's."""
-    first = frame = caller()
-    while frame is not None:
-        module = frame.f_globals.get("__name__")
-        if not isinstance(module, str) or library_of_module(module) is None:
-            return frame
-        frame = frame.f_back
-    return first
+    first = caller()
+    return program_frame(first) or first
 
 
 def location(frame: types.FrameType | None) -> str:

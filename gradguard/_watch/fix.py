@@ -16,7 +16,7 @@ import types
 import torch
 
 from .._errors import GradGuardError
-from .._heap.installed import library_of_module, package_version
+from .._heap.installed import package_version, program_frame
 from .._heap.ownership import Owner, path_owners
 from .._heap.paths import Path, frame_where, module_dict, reaches, read, spell_steps
 from .._tree.walk import detach_tree
@@ -93,7 +93,7 @@ def _library_fix(path: Path, owners: list[Owner]) -> str:
     if first > 0:  # the program's object that holds the library's: what it hands over ends up there
         entered = f"it reached that state through your {_spelled(path, 0, first, owners)}"
     elif path[0].kind == "local":
-        caller = _program_caller(path[0].owner)
+        caller = program_frame(path[0].owner.f_back)
         if caller is not None:
             entered = f"it reached that state from your call at {frame_where(caller)}"
     key = next((e.key for e in reversed(path[first:]) if e.kind == "item" and isinstance(e.key, str)), None)
@@ -111,16 +111,6 @@ def _package(label: str) -> str:
     version = package_version(label)
     return f"{label} {version}" if version else label
 
-
-def _program_caller(frame: types.FrameType) -> types.FrameType | None:
-    """The nearest frame below ``frame`` on its stack that runs the program's own code."""
-    caller = frame.f_back
-    while caller is not None:
-        module = caller.f_globals.get("__name__")
-        if not isinstance(module, str) or library_of_module(module) is None:
-            return caller
-        caller = caller.f_back
-    return None
 
 
 def _spelled(path: Path, start: int, end: int, owners: list[Owner]) -> str:
