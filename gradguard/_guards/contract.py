@@ -174,7 +174,17 @@ class LossCheck:
         GradGuardError: a bad option, naming it and what is accepted.
     """
 
-    __slots__ = ("check", "params", "check_every", "on_violation", "name", "walks", "_calls", "_active", "_told")
+    __slots__ = (
+        "check",
+        "params",
+        "check_every",
+        "on_violation",
+        "name",
+        "walks",
+        "_calls",
+        "_active",
+        "_undecided_told",
+    )
 
     def __init__(
         self,
@@ -205,7 +215,7 @@ class LossCheck:
         self.walks = check == "reaches_params"
         self._active = check is not None and on_violation != "off"
         self._calls = itertools.count()
-        self._told = False  # the "cannot decide" warning was given
+        self._undecided_told = False  # the "cannot decide" warning was given
 
     def __call__(self, loss: Any) -> None:
         if not self._active:
@@ -218,6 +228,6 @@ class LossCheck:
             if self.on_violation == "raise":
                 raise LossContractError(violation)
             warn_at(violation, LossContractWarning, caller())
-        if undecided is not None and not self._told:
-            self._told = True
+        if undecided is not None and not self._undecided_told:
+            self._undecided_told = True
             warn_at(undecided, LossContractWarning, caller())

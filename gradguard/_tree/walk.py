@@ -123,15 +123,15 @@ class _Walk:
     them, takes over and resolves it.
     """
 
-    __slots__ = ("fn", "detaching", "tensors", "walked", "active", "looped")
+    __slots__ = ("fn", "detaching", "tensors", "walked", "entered", "self_containing")
 
     def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self.fn = fn
         self.detaching = fn is _detach_tensor  # then a tensor without grad_fn is skipped inline
         self.tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.walked: dict[int, tuple[Any, Any]] = {}
-        self.active: set[int] | None = None  # the explicit-stack walk: containers whose children it walks
-        self.looped: set[int] | None = None  # ... and those it met again while walking them
+        self.entered: set[int] | None = None  # the explicit-stack walk: containers whose children it walks
+        self.self_containing: set[int] | None = None  # ... and those it met again while walking them
 
     def tensor(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` replaced (once: a tensor met again gets the same replacement)."""
@@ -232,8 +232,8 @@ class _Walk:
 
     def replace(self, obj: Any, new: Any) -> Any:
         """A rebuilt container of the explicit-stack walk; one that contains itself cannot be rebuilt."""
-        assert self.looped is not None
-        if id(obj) in self.looped:
+        assert self.self_containing is not None
+        if id(obj) in self.self_containing:
             raise GradGuardError(
                 f"gradguard: a {type(obj).__qualname__} contains itself and holds a tensor that carries a "
                 "graph; a rebuilt copy cannot keep that self-reference. Break the cycle, or detach the "
@@ -243,8 +243,8 @@ class _Walk:
 
     def deep(self, root: Any) -> Any:
         """The same walk with an explicit stack, for a subtree below ``_MAX_DEPTH`` levels."""
-        active = self.active = self.active or set()
-        looped = self.looped = self.looped or set()
+        entered = self.entered = self.entered or set()
+        self_containing = self.self_containing = self.self_containing or set()
         # frame: [obj, spec, children, context, next index, new children or None]
         stack: list[list[Any]] = []
         result: Any = None
@@ -261,10 +261,10 @@ class _Walk:
             entry = self.walked.get(oid)
             if entry is not None:
                 return True, entry[1]
-            if oid in active:
-                looped.add(oid)
+            if oid in entered:
+                self_containing.add(oid)
                 return True, obj
-            active.add(oid)
+            entered.add(oid)
             children, context = spec.flatten(obj)
             stack.append([obj, spec, list(children), context, 0, None])
             return False, None
@@ -282,7 +282,7 @@ class _Walk:
                     new[i] = value
                 continue
             stack.pop()
-            active.discard(id(obj))
+            entered.discard(id(obj))
             value = obj if new is None else self.replace(obj, spec.unflatten(new, context))
             self.walked[id(obj)] = (obj, value)
             if stack:
