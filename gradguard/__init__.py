@@ -8,8 +8,7 @@ the loss used for backward still requires grad.
 The public names load on first use (``gradguard.watch``, ``from gradguard import guard``): importing
 the package imports neither torch nor the rest of gradguard, so the ``gradguard`` command (whose
 ``gradguard run`` is part of every command it starts) pays for nothing it does not use. A program
-that imports gradguard after torch, or with ``GRADGUARD_AUDIT`` set, gets the whole package at once,
-as before.
+that imports gradguard after torch, or with ``GRADGUARD_AUDIT`` set, gets the whole package at once.
 """
 
 from __future__ import annotations
@@ -115,6 +114,7 @@ def _load() -> None:
 
 
 def __getattr__(name: str) -> Any:
+    """A public name, loaded with all the others on first use (PEP 562)."""
     if name in _LAZY:
         _load()
         return globals()[name]
@@ -140,5 +140,5 @@ if os.environ.get("GRADGUARD_AUDIT", "").strip():
         import wrapt
 
         wrapt.register_post_import_hook(lambda _torch: _start_process_watch(), "torch")
-elif "torch" in sys.modules:  # a program that imports gradguard after torch: as it always was, all at once
+elif "torch" in sys.modules:  # a program that imports gradguard after torch: all of it at once
     _load()
