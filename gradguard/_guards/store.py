@@ -45,12 +45,15 @@ class _Publisher:
         self.to_host: ToHost | None = to_host if offload == "cpu" else None
 
     def one(self, value: Any) -> Any:
+        """``value`` as it may be stored (detached per the mode; refused in ``raise``)."""
         return publish(value, self.label, self.mode, self.to_host)
 
     def many(self, values: Iterable[Any]) -> list[Any]:
+        """Each of ``values`` as :meth:`one` gives it, all or nothing (``raise`` refuses the whole batch)."""
         return publish_many(values, self.label, self.mode, self.to_host)
 
     def options(self) -> tuple[Mode | None, str | None]:
+        """``(mode, offload)``: the options the store was guarded with (a default factory's stores inherit them)."""
         return self.mode, self.offload
 
 
