@@ -34,11 +34,10 @@ if TYPE_CHECKING:
     from ._guards.store import guard, unwrap
     from ._policy.modes import get_mode, set_mode
     from ._policy.stats import SiteStats, Stats, reset_stats, stats
-    from ._scope.enforce import enforce
     from ._tree.containers import register_container, unregister_container
     from ._tree.walk import GraphRecord, detach_tree, find_graphs
     from ._watch.audit import Retention, RetentionReport, audit
-    from ._watch.scope import watch
+    from ._watch.scope import enforce, watch
     from ._watch.trigger import TriggerSettings
     from ._watch.watcher import Watcher
 
@@ -56,7 +55,7 @@ _LAZY = {
     "Stats": "._policy.stats",
     "reset_stats": "._policy.stats",
     "stats": "._policy.stats",
-    "enforce": "._scope.enforce",
+    "enforce": "._watch.scope",
     "register_container": "._tree.containers",
     "unregister_container": "._tree.containers",
     "GraphRecord": "._tree.walk",

@@ -63,15 +63,17 @@ def pytest_configure(config: pytest.Config) -> None:
     every = config.getoption("--gradguard-audit")
     if mode is None and every is None:
         return
-    import gradguard
+    from gradguard import GradGuardError
+    from gradguard._policy import validate
     from gradguard._policy.modes import normalize_mode
-    from gradguard._watch.watcher import parse_every
 
-    try:  # both checked before either is entered, each named as the user spelled it
+    try:  # both checked (without torch) before either is entered, each named as the user spelled it
         mode = None if mode is None else normalize_mode(mode, what="--gradguard")
-        every = None if every is None else parse_every(every, what="--gradguard-audit")
-    except gradguard.GradGuardError as exc:
+        every = None if every is None else validate.every(every, what="--gradguard-audit")
+    except GradGuardError as exc:
         raise pytest.UsageError(str(exc)) from None
+    import gradguard
+
     if mode is not None:
         scope = gradguard.enforce(mode=mode)
         scope.__enter__()
@@ -122,10 +124,10 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     watching: Any = item.config.stash.get(_WATCH_KEY, None)
     if audit is not None:
         import gradguard
-        from gradguard._watch.watcher import parse_every
+        from gradguard._policy import validate
 
         try:  # the marker's own argument is named: audit=0, not the watch's every=0
-            every = parse_every(audit, what="audit")
+            every = validate.every(audit, what="audit")
             watching = gradguard.watch(every=every, mode=marker.kwargs.get("mode") or "raise")  # type: ignore[union-attr]
         except gradguard.GradGuardError as exc:
             item.stash[_TEST_KEY] = (exc, None)  # the test's call fails with it, as any bad marker argument

@@ -21,10 +21,10 @@ import pytest
 import torch
 
 import gradguard
+from gradguard._guards import patch as _patch
 from gradguard._heap import roots as _roots
 from gradguard._policy import modes as _policy
 from gradguard._scope import enforce as _enforce
-from gradguard.engines import _patch
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +32,7 @@ def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The default mode, nothing installed, fresh stats; and nothing left behind afterwards."""
     monkeypatch.delenv("GRADGUARD", raising=False)
     monkeypatch.delenv("GRADGUARD_AUDIT", raising=False)  # else every enforce() of the suite would start a watch
-    _policy._reload_env()
+    _policy.reload_env()
     gradguard.set_mode(None)
     gradguard.reset_stats()
     assert _enforce.installed() == {}, "a previous test left an enforce() install behind"
@@ -51,7 +51,7 @@ def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     gradguard.set_mode(None)
     gradguard.reset_stats()
     monkeypatch.undo()
-    _policy._reload_env()
+    _policy.reload_env()
     assert leftover_installs == {}, f"the test left enforce() installs behind: {leftover_installs}"
     assert leftover_patches == set(), f"the test left patches behind: {leftover_patches}"
     assert _scope_left() is None, f"the test left an enforce() scope: {_scope_left()}"

@@ -22,8 +22,8 @@ import wrapt
 
 import gradguard
 from gradguard import GradGuardError, GraphRetentionError
+from gradguard._guards import patch as _patch
 from gradguard._scope import enforce as _enforce
-from gradguard.engines import _patch
 
 SCHEDULE_SOURCE = """
 import torch

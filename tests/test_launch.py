@@ -151,8 +151,8 @@ def test_importing_torch_sets_the_process_up_once(tmp_path: Path, first: str) ->
     result = _armed(tmp_path, code, GRADGUARD_RUN_AUDIT="3", RANK="1", WORLD_SIZE="2")
     assert "('watch', '#" in result["out"] and "('engine', 'megatron'): 1" in result["out"]
     (report,) = result["reports"]
-    assert (report["label"], report["every"], report["at_exit"], report["top"]) == ("rank 1/2", 3, True, False)
-    assert report["boundaries"] == 0 and report["error"] is None
+    assert (report.label, report.every, report.at_exit, report.top) == ("rank 1/2", 3, True, False)
+    assert report.figures.boundaries == 0 and report.error is None
 
 
 def test_the_users_own_sitecustomize_still_runs(tmp_path: Path) -> None:
@@ -170,7 +170,7 @@ def test_a_bad_run_audit_is_said_and_reported_not_raised_into_import_torch(tmp_p
     result = _armed(tmp_path, "import torch", GRADGUARD_RUN_AUDIT="often")
     assert "gradguard: GRADGUARD_RUN_AUDIT='often' is not accepted" in result["err"]
     (report,) = result["reports"]
-    assert report["every"] is None and "GRADGUARD_RUN_AUDIT='often'" in report["error"]
+    assert report.every is None and "GRADGUARD_RUN_AUDIT='often'" in report.error
 
 
 def test_the_bootstrap_names_the_same_variables_and_format_as_the_settings_and_the_report() -> None:
@@ -188,8 +188,8 @@ def test_a_process_that_imports_torch_but_not_gradguard_reports_why(tmp_path: Pa
     assert result["out"] == "trained\n"
     assert "gradguard: not set up in process " in result["err"]
     (report,) = result["reports"]
-    assert (report["kind"], report["run"], report["executable"]) == ("not-set-up", "abc", sys.executable)
-    assert "ModuleNotFoundError" in report["error"] and _read.check(report) is None
+    assert isinstance(report, _report.NotSetUp) and (report.run, report.executable) == ("abc", sys.executable)
+    assert "ModuleNotFoundError" in str(report.error)
 
 
 def test_the_committed_start_up_cost_meets_its_budget_and_names_its_machine() -> None:
@@ -219,9 +219,10 @@ def test_the_start_up_benchmark_quick_run(tmp_path: Path) -> None:
     assert [c["reports_written"] for c in doc["cases"]] == [0, 0, 2]  # only `import torch` is reached
 
 
-def test_the_launcher_imports_neither_torch_nor_the_watch(tmp_path: Path) -> None:
-    """``gradguard run``'s own process: an interpreter's start-up and the launcher's modules, nothing more
-    (``-X importtime`` lists what this process imported; the command, its child, is not listed)."""
+def test_the_launcher_imports_no_torch_and_of_the_watch_only_its_summary(tmp_path: Path) -> None:
+    """``gradguard run``'s own process: an interpreter's start-up, the launcher's modules and the watch's
+    records and renderer, nothing more (``-X importtime`` lists what this process imported; the command, its
+    child, is not listed)."""
     run = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "gradguard", "run", "--report-dir", str(tmp_path / "run"),
          sys.executable, "-c", "import torch"],
@@ -229,9 +230,10 @@ def test_the_launcher_imports_neither_torch_nor_the_watch(tmp_path: Path) -> Non
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     imported = {line.rsplit("|", 1)[1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
-    assert "gradguard._launch._commands" in imported and "gradguard._launch._merge" in imported
-    heavy = sorted(m for m in imported if m.split(".")[0] in ("torch", "numpy") or m.startswith("gradguard._watch"))
-    assert heavy == []
+    assert "gradguard._launch.commands" in imported and "gradguard._launch._merge" in imported
+    heavy = sorted(m for m in imported if m.split(".")[0] in ("torch", "numpy"))
+    watch = sorted(m for m in imported if m.startswith("gradguard._watch"))
+    assert heavy == [] and watch == ["gradguard._watch", "gradguard._watch.summary"]
 
 
 LAZY = """

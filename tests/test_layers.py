@@ -1,7 +1,8 @@
 """The package's layers: every module imports only from its own layer or the ones below
-(docs/how-it-works.md), and no two modules import each other, directly or round a circle. The folders
-are the layers' parts: a new module goes into the folder of what it holds, a new folder gets a layer
-here, so the picture stays true."""
+(docs/how-it-works.md), no two modules import each other, directly or round a circle, and no module
+imports what another package keeps to itself (a name or a module starting with ``_``). The folders are
+the layers' parts: a new module goes into the folder of what it holds, a new folder gets a layer here,
+so the picture stays true."""
 
 from __future__ import annotations
 
@@ -107,6 +108,72 @@ def test_no_module_imports_round_a_circle() -> None:
         if v not in index:
             visit(v)
     assert circles == []
+
+
+def _package_of(dotted: list[str]) -> list[str]:
+    """The package (folder) ``dotted`` is, or the one its module is in."""
+    return dotted if (ROOT.parent.joinpath(*dotted) / "__init__.py").exists() else dotted[:-1]
+
+
+def _private_imports(name: str, source: str, is_package: bool = False) -> list[str]:
+    """The imports in module ``name`` that reach a ``_`` name another package (folder) keeps to itself:
+    ``from ..x import _y``, ``from ..x._y import z``, ``import gradguard.x._y``. A package's modules share
+    their private names among themselves."""
+    package = name.split(".") if is_package else name.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        targets: list[list[str]] = []
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = base + (node.module.split(".") if node.module else [])
+            else:
+                module = (node.module or "").split(".")
+            targets = [[*module, alias.name] for alias in node.names]
+        else:
+            targets = [alias.name.split(".") for alias in node.names]
+        for target in targets:
+            if target[0] != "gradguard":
+                continue
+            for i, part in enumerate(target[2:], start=2):  # the layers' own folders are gradguard's: any may use them
+                owner = _package_of(target[:i])
+                if part.startswith("_") and not part.startswith("__") and package[: len(owner)] != owner:
+                    found.append(f"{name}:{node.lineno} imports {'.'.join(target)}, private to {'.'.join(owner)}")
+                    break
+    return found
+
+
+def test_no_module_imports_a_name_another_package_keeps_to_itself() -> None:
+    found = [
+        line
+        for name, path in sorted(MODULES.items())
+        for line in _private_imports(name, path.read_text(), path.name == "__init__.py")
+    ]
+    assert found == []
+
+
+def test_the_check_of_private_imports_sees_each_form() -> None:
+    """The three spellings are found; a package's own private names, shared by its modules, are not."""
+    source = "\n".join(
+        [
+            "from .._policy.modes import _env_mode",
+            "from ..engines import _patch",
+            "import gradguard._launch._names",
+            "from ..engines._patch import install",
+            "from . import enforce",
+            "from .enforce import _acquire",
+            "from .._policy.modes import resolve",
+        ]
+    )
+    found = [line.split(" imports ")[1] for line in _private_imports("gradguard._scope.sample", source)]
+    assert found == [
+        "gradguard._policy.modes._env_mode, private to gradguard._policy",
+        "gradguard.engines._patch, private to gradguard.engines",
+        "gradguard._launch._names, private to gradguard._launch",
+        "gradguard.engines._patch.install, private to gradguard.engines",
+    ]
 
 
 def test_the_folders_are_the_layers_parts() -> None:

@@ -326,7 +326,7 @@ def test_resolution_order(monkeypatch: pytest.MonkeyPatch) -> None:
     assert gradguard.get_mode() == "detach" and _stored(follows) == "detach"
 
     monkeypatch.setenv("GRADGUARD", "off")
-    _policy._reload_env()
+    _policy.reload_env()
     assert gradguard.get_mode() == "off" and _stored(follows) == "off"
     assert _policy.mode_source() == ("off", "GRADGUARD")
 
@@ -349,7 +349,7 @@ def test_resolution_order(monkeypatch: pytest.MonkeyPatch) -> None:
     gradguard.set_mode(None)
     assert gradguard.get_mode() == "off"  # back to GRADGUARD
     monkeypatch.delenv("GRADGUARD")
-    _policy._reload_env()
+    _policy.reload_env()
     assert gradguard.get_mode() == "detach" and _stored(follows) == "detach"
 
 
@@ -392,23 +392,23 @@ def test_set_mode_returns_the_previous_value_and_validates() -> None:
 )
 def test_env_values_in_process(monkeypatch: pytest.MonkeyPatch, raw: str, mode: str) -> None:
     monkeypatch.setenv("GRADGUARD", raw)
-    _policy._reload_env()
+    _policy.reload_env()
     assert gradguard.get_mode() == mode
 
 
 def test_env_is_read_once_until_reloaded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRADGUARD", "warn")
-    _policy._reload_env()
+    _policy.reload_env()
     assert gradguard.get_mode() == "warn"
     monkeypatch.setenv("GRADGUARD", "off")
     assert gradguard.get_mode() == "warn"  # cached at first use
-    _policy._reload_env()
+    _policy.reload_env()
     assert gradguard.get_mode() == "off"
 
 
 def test_bad_env_value_in_process_raises_at_every_use(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRADGUARD", "maybe")
-    _policy._reload_env()
+    _policy.reload_env()
     store = gradguard.guard([])  # guarding does not resolve the mode
     for use in (gradguard.get_mode, lambda: store.append(record())):
         with pytest.raises(GradGuardError, match="GRADGUARD='maybe'"):

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from _helpers import env
 
+import gradguard
 from gradguard._errors import GradGuardError
-from gradguard._launch import _commands, _settings
+from gradguard._launch import commands, _settings
 from gradguard._tools import cli as _cli
 from gradguard._watch import scope as _watcher
 
@@ -146,10 +147,14 @@ def test_two_runs_started_at_once_on_one_folder_read_only_their_own_reports(tmp_
         (["--audit-every", "²", "x.py"], "--audit-every='²' is not accepted"),
         (
             ["--report-dir", "", "x.py"],
-            "gradguard run: --report-dir='' (an empty value) is not accepted; give a folder",
+            "gradguard run: --report-dir='' (an empty value) is not accepted; accepted: a new or empty folder",
         ),
         (["--report-dir", "   ", "x.py"], "--report-dir='   ' (an empty value) is not accepted"),
-        (["--mode", "", "x.py"], "gradguard run: --mode='' is not a gradguard mode; accepted: off/0/false"),
+        (
+            ["--report-dir", "x.py", "x.py"],
+            "gradguard run: --report-dir='x.py' is a file; accepted: a new or empty folder",
+        ),
+        (["--mode", "", "x.py"], "gradguard run: --mode='' (an empty value) is not a gradguard mode; accepted: off/0"),
         (["-m", ""], "gradguard run: -m '' names no module; give -m MODULE"),
         ([""], "gradguard run: '' (an empty name) is not a command; give a script (train.py), -m MODULE, or"),
     ],
@@ -160,6 +165,7 @@ def test_two_runs_started_at_once_on_one_folder_read_only_their_own_reports(tmp_
         "audit-superscript",
         "dir-empty",
         "dir-blank",
+        "dir-file",
         "mode-empty",
         "module-empty",
         "script-empty",
@@ -203,22 +209,26 @@ def test_a_blank_gradguard_audit_counts_as_unset_and_a_bad_one_is_refused_naming
 
 
 @pytest.mark.parametrize(
-    "value", ["auto", " AUTO ", "1", "12", "0", "off", "OFF", "false", "no", "none", "", "often", "-1", "1.5", "x1"]
+    "value", ["auto", " AUTO ", "1", "12", "0", "off", "OFF", "false", "no", "none", "often", "-1", "1.5", "x1", "²"]
 )
-def test_the_launcher_reads_a_watch_setting_as_the_watch_does(value: str) -> None:
-    """The launcher checks ``--audit-every`` and ``GRADGUARD_AUDIT`` without importing the watch: the same words."""
+def test_a_process_of_the_run_reads_a_watch_setting_as_enforce_does(value: str) -> None:
+    """``GRADGUARD_RUN_AUDIT`` in a reached process (read by the launcher's settings, which never import the
+    watch) and ``enforce(audit=...)`` take the same words and refuse the same values, each naming its option
+    as spelled, the value and the same list of what is accepted."""
 
-    def outcome(parse: object) -> object:
-        try:
-            return parse(value, what="X")  # type: ignore[operator]
-        except GradGuardError as exc:
-            return str(exc).split(" is not accepted")[0].replace(" (an empty value)", "")
+    def after_name(error: str) -> str:
+        return error.split("=", 1)[1]
 
-    launcher = outcome(_settings.parse_audit)
-    if value.strip() == "":
-        assert launcher == "X=''"  # a flag given as '' is refused; the watch's own reading of an unset variable
-    else:
-        assert launcher == outcome(_watcher.parse_audit)
+    settings = _settings.Settings({"GRADGUARD_REPORT_DIR": "/tmp/x", "GRADGUARD_RUN_AUDIT": value})
+    launcher = after_name(settings.errors[0]) if settings.errors else settings.every
+    try:
+        installs = gradguard.enforce(engines="none", audit=value).installs
+        watch: object = installs[0].watcher.every if installs else None  # type: ignore[attr-defined]
+    except GradGuardError as exc:
+        watch = after_name(str(exc))
+    assert launcher == watch
+    if settings.errors:
+        assert settings.errors[0].startswith(f"GRADGUARD_RUN_AUDIT={value!r} is not accepted; accepted: ")
     assert _settings.AUDIT_ENV == _watcher.AUDIT_ENV
 
 
@@ -255,7 +265,7 @@ def test_a_python_started_with_dash_i_is_said_to_be_out_of_reach(tmp_path: Path)
     ],
 )
 def test_the_flags_that_put_the_commands_own_python_out_of_reach(command: list[str], said: str | None) -> None:
-    found = _commands.python_flags(command)
+    found = commands.python_flags(command)
     assert (found is None) == (said is None) and (said is None or said in str(found))
 
 
@@ -321,7 +331,8 @@ import torch  # each spawned worker imports the main module, so torch: it is rea
 
 
 def square(x):
-    print(x * x, flush=True)
+    sys.stdout.write(f"{x * x}\\n")  # one write: the workers' lines never interleave
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -309,7 +309,7 @@ def test_gradguard_off_at_decoration_is_still_outranked_by_enforce() -> None:
 
 def test_decoration_with_gradguard_on_wraps(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRADGUARD", "raise")
-    _policy._reload_env()
+    _policy.reload_env()
 
     def original(micro_batch: Any) -> Any:
         return micro_batch

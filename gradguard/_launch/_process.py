@@ -30,9 +30,10 @@ from .._policy.modes import get_mode
 from .._policy.site import set_origin
 from .._policy.stats import SiteStats, stats
 from .._scope.compile import skip_in_dynamo
-from .._scope.enforce import enforce
-from .._watch.scope import stop_process_watch, watch
-from .._watch.watcher import HolderHistory, Watcher
+from .._scope.enforce import Scope
+from .._watch.scope import enforce, stop_process_watch, watch
+from .._watch.summary import HolderHistory, WatchFigures
+from .._watch.watcher import Watcher
 from . import _actor
 from ._identity import HOST, identify, started
 from ._names import file_name
@@ -68,13 +69,14 @@ class _Process:
         self.lock = threading.Lock()
         self.errors: list[str] = list(settings.errors)
         self.watcher: Watcher | None = None
-        self.scopes: list[enforce] = []
+        self.scopes: list[Scope] = []
         self.base = Baseline()
         self.forked = False  # a fork child: writes once it has a boundary of its own
         self.retired = False
         self.at_exit = False
         self.said: set[str] = set()
-        self.last: tuple[list[HolderHistory], dict[tuple[str, str], SiteStats]] = ([], {})  # the last report's
+        # what the last report was made of, as the watcher and stats() gave it: a fork child's baseline
+        self.last: tuple[WatchFigures | None, list[HolderHistory], dict[tuple[str, str], SiteStats]] = (None, [], {})
         self.started = started()
         self.path = os.path.join(settings.report_dir, file_name(settings.run, HOST, os.getpid()))
 
@@ -102,7 +104,7 @@ class _Process:
         atexit.register(self._exiting)
         os.register_at_fork(after_in_child=self._forked)
 
-    def _enter(self, scope: enforce) -> None:
+    def _enter(self, scope: Scope) -> None:
         scope.__enter__()  # left only when the process ends
         self.scopes.append(scope)
 
@@ -128,9 +130,11 @@ class _Process:
                 mode = "?"
                 if str(exc) not in self.errors:
                     self.errors.append(str(exc))
-            history = [] if self.watcher is None else self.watcher.history()
+            watcher = self.watcher
+            figures = None if watcher is None else watcher.figures()
+            holders = [] if watcher is None else [*watcher.history(), *watcher.bounded()]
             counted = dict(stats())
-            self.last = (history, counted)
+            self.last = (figures, holders, counted)
             report = content(
                 identify(),
                 run=self.settings.run,
@@ -138,8 +142,8 @@ class _Process:
                 top=self.top(),
                 every=self.settings.every,
                 mode=mode,
-                watcher=self.watcher,
-                history=history,
+                figures=figures,
+                holders=holders,
                 stats=counted,
                 base=self.base,
                 at_exit=self.at_exit,
@@ -171,7 +175,7 @@ class _Process:
     def _exiting(self) -> None:
         self.at_exit = True
         watcher = self.watcher
-        if self.forked and (watcher is None or watcher.boundaries == self.base.boundaries):
+        if self.forked and (watcher is None or watcher.boundaries == self.base.figures.boundaries):
             return  # a fork child that never stepped (a DataLoader worker): nothing of its own to say
         try:
             self.write()

@@ -13,12 +13,15 @@ trained apart from the ones that only imported torch, and what is known of the o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import dataclasses
+import functools
+import operator
+from collections.abc import Hashable, Sequence
 
-from .._policy.message import display
+from .._policy.message import display, plural
+from ._report import NestedRun, NotSetUp, ProcessReport
 
-__all__ = ["combined", "idle_text", "labels", "missing_ranks", "not_reached", "plural", "unreported"]
+__all__ = ["combined", "idle_text", "labels", "missing_ranks", "named", "not_reached", "ranks_text", "unreported"]
 
 _LISTED = 3  # processes of one kind named one by one; beyond that they are counted
 
@@ -28,71 +31,54 @@ UNREACHABLE = (
 )
 
 
-def plural(n: int, word: str) -> str:
-    """``1 process``, ``2 processes``, ``3 step boundaries``, ``4 multiprocessing children``."""
-    if n == 1:
-        return f"{n} {word}"
-    if word.endswith("y"):
-        return f"{n} {word[:-1]}ies"
-    if word.endswith("child"):
-        return f"{n} {word}ren"
-    return f"{n} {word}es" if word.endswith("ss") else f"{n} {word}s"
-
-
 # --------------------------------------------------------------------------------------------------
 # One entry per process
 # --------------------------------------------------------------------------------------------------
 
 
-def _key(r: dict[str, Any]) -> tuple[Any, ...]:
-    if r.get("started") is None:
-        return (id(r),)  # no start time: a pid alone could be a later process's
-    return (r["host"], r["pid"], r["started"])
+def _key(r: ProcessReport) -> Hashable:
+    if r.started is None:
+        return id(r)  # no start time: a pid alone could be a later process's
+    return (r.host, r.pid, r.started)
 
 
-def combined(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``reports`` with those of one process (the programs it ran through ``exec``) merged into one: the
-    latest program's identity, the counts added up, every holder, ``top`` if any program was."""
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+def combined(reports: Sequence[ProcessReport]) -> list[ProcessReport]:
+    """The reports with those of one process (the programs it ran through ``exec``: the same pid and start
+    time) merged into one: the latest program's identity, the figures added up, every holder (the latest
+    program's record of each), ``top`` if any program was."""
+    groups: dict[Hashable, list[ProcessReport]] = {}
     for r in reports:
         groups.setdefault(_key(r), []).append(r)
     result = []
     for group in groups.values():
-        if len(group) == 1:
-            result.append(group[0])
-            continue
-        group = sorted(group, key=lambda r: r["written"])
-        one = dict(group[-1])
-        for name in ("boundaries", "audits", "memory_audits"):
-            one[name] = sum(r[name] for r in group)
-        for name in ("audit_seconds", "read_seconds"):
-            one[name] = sum(r[name] for r in group)
-        holders: dict[str, dict[str, Any]] = {}
-        for r in group:
-            holders.update((h["holder"], h) for h in r["holders"])
-        one["holders"] = list(holders.values())
-        one["stats"] = [row for r in group for row in r["stats"]]
-        one["top"] = any(r["top"] for r in group)
-        one["error"] = "; ".join(dict.fromkeys(r["error"] for r in group if r["error"])) or None
-        one["every"] = next((r["every"] for r in reversed(group) if r["every"] is not None), None)
-        one["memory"] = next((r["memory"] for r in reversed(group) if r["memory"]), "")
-        if sum(1 for r in group if r["boundaries"]) > 1:
-            one["summary"] = ""  # each program's watch saw a part: the summary of the whole is the merge's
-        result.append(one)
+        group = sorted(group, key=lambda r: r.written)
+        last = group[-1]
+        if len(group) > 1:
+            holders = {h.holder: h for r in group for h in r.holders}
+            last = dataclasses.replace(
+                last,
+                figures=functools.reduce(operator.add, [r.figures for r in group]),
+                holders=tuple(holders.values()),
+                stats=tuple(row for r in group for row in r.stats),
+                top=any(r.top for r in group),
+                error="; ".join(dict.fromkeys(r.error for r in group if r.error)) or None,
+                every=next((r.every for r in reversed(group) if r.every is not None), None),
+            )
+        result.append(last)
     return result
 
 
-def labels(reports: Sequence[dict[str, Any]]) -> list[str]:
+def labels(reports: Sequence[ProcessReport]) -> list[str]:
     """One label per report, unique: the rank or actor, and the pid (and host) where they would repeat."""
-    hosts = {r["host"] for r in reports}
-    base = [str(r.get("label") or f"pid {r['pid']}") for r in reports]
-    base = [f"{b} (the command)" if r["top"] and b.startswith("pid ") else b for r, b in zip(reports, base)]
+    hosts = {r.host for r in reports}
+    base = [r.label or f"pid {r.pid}" for r in reports]
+    base = [f"{b} (the command)" if r.top and b.startswith("pid ") else b for r, b in zip(reports, base)]
     found = []
     for r, label in zip(reports, base):
         if base.count(label) > 1 and not label.startswith("pid "):
-            label = f"{label} (pid {r['pid']})"
+            label = f"{label} (pid {r.pid})"
         if len(hosts) > 1:
-            label = f"{label} on {r['host']}"
+            label = f"{label} on {r.host}"
         found.append(label)
     return found
 
@@ -102,29 +88,30 @@ def labels(reports: Sequence[dict[str, Any]]) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 
 
-def _kind(r: dict[str, Any]) -> str:
-    return r["role"] or "other process"
+def _kind(r: ProcessReport) -> str:
+    return r.role or "other process"
 
 
-def _named(r: dict[str, Any]) -> bool:
-    return bool(r["top"]) or r.get("rank") is not None or r.get("actor") is not None
+def named(r: ProcessReport) -> bool:
+    """Whether a process is named, never counted by kind: the command, a rank, an actor."""
+    return r.top or r.rank is not None or r.actor is not None
 
 
-def idle_text(idle: Sequence[tuple[str, dict[str, Any]]]) -> str:
+def idle_text(idle: Sequence[tuple[str, ProcessReport]]) -> str:
     """``pid 100 (the command), rank 3/4, 12 multiprocessing children``: the processes that ran no
     optimizer step, the named ones (the command, a rank, an actor) by name, the rest by kind, one by
     one only while there are few."""
-    named = [label for label, r in idle if _named(r)]
-    rest = [(label, r) for label, r in idle if not _named(r)]
+    names = [label for label, r in idle if named(r)]
+    rest = [(label, r) for label, r in idle if not named(r)]
     if len(rest) <= _LISTED:
-        return ", ".join(named + [label for label, _ in rest])
+        return ", ".join(names + [label for label, _ in rest])
     kinds: dict[str, int] = {}
     for _, r in rest:
         kinds[_kind(r)] = kinds.get(_kind(r), 0) + 1
     counted = [plural(n, kind) for kind, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))]
-    if len(named) > _LISTED:
-        named = [*named[:_LISTED], f"{len(named) - _LISTED} more named"]
-    return ", ".join(named + counted)
+    if len(names) > _LISTED:
+        names = [*names[:_LISTED], f"{len(names) - _LISTED} more named"]
+    return ", ".join(names + counted)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -132,7 +119,9 @@ def idle_text(idle: Sequence[tuple[str, dict[str, Any]]]) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def _ranks_text(ranks: list[int]) -> str:
+def ranks_text(ranks: Sequence[int]) -> str:
+    """``rank 3``, ``ranks 0-3``, ``ranks 0,2``."""
+    ranks = sorted(set(ranks))
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
     if ranks == list(range(ranks[0], ranks[-1] + 1)):
@@ -140,46 +129,46 @@ def _ranks_text(ranks: list[int]) -> str:
     return f"ranks {','.join(map(str, ranks))}"
 
 
-def missing_ranks(processes: Sequence[dict[str, Any]], prog: str) -> list[str]:
+def missing_ranks(processes: Sequence[ProcessReport], prog: str) -> list[str]:
     """A line per world some of whose ranks reported and others did not. A rank that is itself the command
     of its run (``torchrun ... -m gradguard run``: one run per rank) has the other ranks in runs of their
     own: nothing is said of them."""
     worlds: dict[int, set[int]] = {}
     for r in processes:
-        if r.get("rank") is not None and r.get("world_size") and not r["top"]:
-            worlds.setdefault(int(r["world_size"]), set()).add(int(r["rank"]))
+        if r.rank is not None and r.world_size and not r.top:
+            worlds.setdefault(r.world_size, set()).add(r.rank)
     lines = []
     for world, ranks in sorted(worlds.items()):
         missing = [i for i in range(world) if i not in ranks]
         if missing:
             lines.append(
-                f"{prog}: no report from {_ranks_text(missing)} of {world}: not checked in this run ({UNREACHABLE}; "
+                f"{prog}: no report from {ranks_text(missing)} of {world}: not checked in this run ({UNREACHABLE}; "
                 "on several nodes, each node's reports must reach this folder)"
             )
     return lines
 
 
-def not_reached(unset: Sequence[dict[str, Any]], nested: Sequence[dict[str, Any]], prog: str) -> list[str]:
+def not_reached(unset: Sequence[NotSetUp], nested: Sequence[NestedRun], prog: str) -> list[str]:
     """A line per process the bootstrap could not set gradguard up in, and per nested ``gradguard run``."""
     lines = []
-    for r in unset:
-        who = f"pid {r['pid']} (the command)" if r["top"] else f"pid {r['pid']}"
+    for u in unset:
+        who = f"pid {u.pid} (the command)" if u.top else f"pid {u.pid}"
         lines.append(
             f"{prog}: {who} imported torch, but gradguard could not be set up in it: "
-            f"{display(str(r['error']))} (its Python: {display(r['executable'])}; gradguard must be installed "
+            f"{display(str(u.error))} (its Python: {display(u.executable)}; gradguard must be installed "
             "for every interpreter the command runs): not checked"
         )
-    for r in nested:
-        who = f"pid {r['pid']} (the command)" if r["top"] else f"pid {r['pid']}"
+    for n in nested:
+        who = f"pid {n.pid} (the command)" if n.top else f"pid {n.pid}"
         outcome = (
-            f"{plural(r['reached'], 'process')} reported to it"
-            + ("" if r["checked"] else ", nothing was checked")
-            + (", a leak was found in raise mode" if r["raised"] else "")
-            + f", exit status {r['code']}"
+            f"{plural(n.reached, 'process')} reported to it"
+            + ("" if n.checked else ", nothing was checked")
+            + (", a leak was found in raise mode" if n.raised else "")
+            + f", exit status {n.code}"
         )
         lines.append(
             f"{prog}: {who} is a gradguard run of its own: it watched its command and printed its own "
-            f"summary ({outcome}); its reports are in {display(r['folder'])}"
+            f"summary ({outcome}); its reports are in {display(n.folder)}"
         )
     return lines
 

@@ -1,4 +1,4 @@
-"""A run folder read back: the reports of one run, each checked field by field before it is used.
+"""A run folder read back: the reports of one run, each checked field by field, then read into its record.
 
 A file that cannot be used is never skipped in silence, and never counted as a clean process: it
 becomes a problem line naming the file and what is wrong with it (unreadable, not JSON, another
@@ -15,18 +15,24 @@ import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from .._policy.stats import SiteStats
+from .._watch.summary import HolderHistory, WatchFigures
 from ._names import pattern, runs_in
-from ._report import FIELDS, FORMAT, HOLDER_FIELDS, STATS_FIELDS, VERSION
+from ._report import FIELDS, FIGURES_FIELDS, FORMAT, HOLDER_FIELDS, KINDS, STATS_FIELDS, VERSION, Record
 
-__all__ = ["RunFolder", "check", "read_run"]
+__all__ = ["RunFolder", "check", "read_run", "record"]
 
 
 class RunFolder(NamedTuple):
-    """What a run folder held for one run: ``reports`` (each checked), ``problems`` (a line per file
-    that could not be used) and ``others`` (how many report files of other runs the folder holds, by
-    run id: not read)."""
+    """What a run folder held for one run.
 
-    reports: list[dict[str, Any]]
+    Attributes:
+        reports: The record of each report that could be used.
+        problems: A line per file that could not be used, naming it and what is wrong.
+        others: How many report files of other runs the folder holds, by run id (not read).
+    """
+
+    reports: list[Record]
     problems: list[str]
     others: dict[str, int]
 
@@ -68,7 +74,10 @@ _SAID = {
     "every": "a positive whole number, 'auto' or null",
     "holders": "a list of holder records",
     "stats": "a list of stats rows",
+    "figures": "an object of the watch's figures",
 }
+_ROWS = {"holders": HOLDER_FIELDS, "stats": STATS_FIELDS}
+_HEAD = ("format", "version", "kind")  # the file's, not its record's
 
 
 def _fields(where: str, record: Mapping[str, Any], fields: Mapping[str, str]) -> str | None:
@@ -76,14 +85,19 @@ def _fields(where: str, record: Mapping[str, Any], fields: Mapping[str, str]) ->
         if name not in record:
             return f"the field {where + name!r} is missing"
         value = record[name]
-        if kind in ("holders", "stats"):
-            rows = HOLDER_FIELDS if kind == "holders" else STATS_FIELDS
+        if kind in _ROWS:
             if not isinstance(value, list) or not all(isinstance(row, dict) for row in value):
                 return f"the field {where + name!r} is {_shown(value)}, not {_SAID[kind]}"
             for i, row in enumerate(value):
-                wrong = _fields(f"{where}{name}[{i}].", row, rows)
+                wrong = _fields(f"{where}{name}[{i}].", row, _ROWS[kind])
                 if wrong:
                     return wrong
+        elif kind == "figures":
+            if not isinstance(value, dict):
+                return f"the field {where + name!r} is {_shown(value)}, not {_SAID[kind]}"
+            wrong = _fields(f"{where}{name}.", value, FIGURES_FIELDS)
+            if wrong:
+                return wrong
         elif not _type_ok(kind, value):
             return f"the field {where + name!r} is {_shown(value)}, not {_SAID.get(kind, 'a string')}"
     return None
@@ -95,8 +109,15 @@ def _shown(value: object) -> str:
 
 
 def check(report: object) -> str | None:
-    """What is wrong with ``report`` as a report of this gradguard, or ``None`` when every field the
-    summary reads is there with its type."""
+    """What is wrong with a report file's JSON object.
+
+    Args:
+        report: What the file held.
+
+    Returns:
+        One clause naming the first field that is missing or of the wrong kind (or the format or version
+        that is not this gradguard's), or ``None`` when every field of its kind is there with its type.
+    """
     if not isinstance(report, dict):
         return f"not a {FORMAT} file (a JSON {type(report).__name__}, not an object)"
     if report.get("format") != FORMAT:
@@ -112,10 +133,52 @@ def check(report: object) -> str | None:
     return _fields("", report, fields)
 
 
+_MADE: dict[str, tuple[type, Mapping[str, str]]] = {
+    "figures": (WatchFigures, FIGURES_FIELDS),
+    "holders": (HolderHistory, HOLDER_FIELDS),
+    "stats": (SiteStats, STATS_FIELDS),
+}
+
+
+def _typed(kind: str, value: Any) -> Any:
+    """A checked field's value as its record holds it (fields the record does not have are left out)."""
+    if kind in _MADE:
+        cls, fields = _MADE[kind]
+        rows = [value] if kind == "figures" else value
+        made = tuple(cls(**{name: _typed(k, row[name]) for name, k in fields.items()}) for row in rows)
+        return made[0] if kind == "figures" else made
+    if kind == "texts":
+        return tuple(value)
+    if kind == "number":
+        return float(value)
+    return value
+
+
+def record(report: Mapping[str, Any]) -> Record:
+    """A report's record.
+
+    Args:
+        report: A report file's JSON object that :func:`check` found nothing wrong with.
+
+    Returns:
+        Its :class:`~gradguard._launch._report.ProcessReport`, ``NotSetUp`` or ``NestedRun``.
+    """
+    kind = report["kind"]
+    fields = FIELDS[kind]
+    return KINDS[kind](**{name: _typed(k, report[name]) for name, k in fields.items() if name not in _HEAD})
+
+
 def read_run(folder: str, run: str | None) -> RunFolder:
-    """The reports of the run ``run`` in ``folder`` (``None``: every report file there, of any run), each
-    checked; a line for each file that could not be used."""
-    reports: list[dict[str, Any]] = []
+    """The reports of one run in a folder, each checked and read into its record.
+
+    Args:
+        folder: The run folder.
+        run: The run id (``None``: every report file there, of any run).
+
+    Returns:
+        The records, a line for each file that could not be used, and the other runs' files counted.
+    """
+    reports: list[Record] = []
     problems: list[str] = []
     counted = runs_in(folder)
     for path in sorted(glob.glob(pattern(folder, run))):
@@ -132,6 +195,6 @@ def read_run(folder: str, run: str | None) -> RunFolder:
         if wrong is not None:
             problems.append(f"{name}: {wrong}: its process is not covered")
             continue
-        reports.append(report)
+        reports.append(record(report))
     others = {} if run is None else {r: n for r, n in counted.items() if r != run}
     return RunFolder(reports, problems, others)

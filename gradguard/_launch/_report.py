@@ -1,24 +1,18 @@
-"""One process's report: its content, the file it is written to (atomically), and the fields it has.
+"""One process's report: its typed record, the fields its file has, and the file, written atomically.
 
-A report is one JSON object (``format``/``version`` below), rewritten whole each time: after each
-audit of the process's watch, and at its exit. Readers never see half a file (it is written next to
-its final name and moved there with ``os.replace``), and a process that ends without running its
-exit handlers (``os._exit``, as multiprocessing's fork children do; a kill) leaves the state of its
-last audit. Its name (:mod:`gradguard._launch._names`) carries the run id: a run reads only the files
-of its own (:mod:`gradguard._launch._read`), so runs may share a folder.
+A report is one JSON object (``format``/``version`` below, ``kind``, then its record's fields),
+rewritten whole each time: after each audit of the process's watch, and at its exit. Readers never see
+half a file (it is written next to its final name and moved there with ``os.replace``), and a process
+that ends without running its exit handlers (``os._exit``, as multiprocessing's fork children do; a
+kill) leaves the state of its last audit. Its name (:mod:`gradguard._launch._names`) carries the run id:
+a run reads only the files of its own (:mod:`gradguard._launch._read`), so runs may share a folder.
 
-Three kinds (``kind``), each with every field :data:`FIELDS` lists for it (the comments there say
-what each holds):
-
-* ``process``: a process gradguard was set up in: who it is, what its watch did (its counts, its own
-  summary, its holders), the stats of its guarded stores, and whether its exit handler wrote it;
-* ``not-set-up``: a process that imported torch where the bootstrap could not set gradguard up (an
-  interpreter without gradguard installed), written by the bootstrap itself;
-* ``nested-run``: a ``gradguard run`` started inside this run, which watched its own command and
-  printed its own summary: where its reports are, and its outcome.
-
-A forked child inherits its parent's watcher and counters: :class:`Baseline` is what they held at
-the fork, and the child's report counts only what came after it. Nothing here imports torch.
+Three kinds, one record type each: :class:`ProcessReport` (a process gradguard was set up in, with its
+watch's records), :class:`NotSetUp` (written by the bootstrap itself, where gradguard could not be set
+up) and :class:`NestedRun` (a ``gradguard run`` started inside this run). The fields a reader checks
+(:data:`FIELDS`) are derived from these types. A forked child inherits its parent's watcher and
+counters: :class:`Baseline` is what they held at the fork, and the child's report counts only what
+came after it. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -28,129 +22,221 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._policy.stats import SiteStats
+from .._policy.validate import Every
+from .._watch.summary import HolderHistory, WatchFigures
+
 if TYPE_CHECKING:
-    from .._policy.stats import SiteStats
-    from .._watch.watcher import HolderHistory, Watcher
+    from .._watch.watcher import Watcher
     from ._identity import Identity
-    from ._settings import Every
 
 __all__ = [
     "FIELDS",
+    "FIGURES_FIELDS",
     "FORMAT",
     "HOLDER_FIELDS",
     "STATS_FIELDS",
     "VERSION",
     "Baseline",
+    "NestedRun",
+    "NotSetUp",
+    "ProcessReport",
+    "Record",
     "content",
     "nested_record",
+    "to_json",
     "write",
 ]
 
 FORMAT = "gradguard-run-report"
-VERSION = 2
+VERSION = 3
 
-# The fields each kind of report has, and the type of each: what a reader checks before using one.
-_COMMON = {
-    "format": "text",
-    "version": "count",
-    "run": "text",  # the run id ("": the variables were set by hand without one)
-    "kind": "text",
-    "pid": "count",
-    "host": "text",
-    "top": "flag",  # the command gradguard run started, not one of its descendants
-    "argv": "texts",
-    "error": "text or none",  # why this process is not (fully) checked
-    "written": "number",  # a Unix time
+
+@dataclasses.dataclass(frozen=True)
+class ProcessReport:
+    """A process gradguard was set up in, as its report says.
+
+    Attributes:
+        run: The run id (``""``: the variables were set by hand without one).
+        pid: Its pid.
+        host: Its host name.
+        top: Whether it is the command ``gradguard run`` started (not one of its descendants).
+        argv: Its ``sys.argv``.
+        error: Why it is not (fully) checked, or ``None``.
+        written: When the report was written (a Unix time).
+        started: Clock ticks since boot at its start, kept by ``exec``: one process across its programs.
+        rank: Its rank, where known.
+        world_size: Its world's size, where known.
+        local_rank: Its local rank, where known.
+        rank_from: What said its rank (``torch.distributed`` or a variable's name).
+        actor: The class of the Ray actor it runs.
+        label: The rank, the actor, else the pid (:attr:`gradguard._launch._identity.Identity.label`).
+        role: ``"multiprocessing child"``, ``"Ray worker"`` or ``""``: how a process that never stepped is counted.
+        every: Its watch's ``every`` (``None``: no watch).
+        mode: The mode in force when written.
+        figures: What its watch did (all zero without a watch).
+        holders: Every holder its watch found, the bounded ones too.
+        stats: The :class:`SiteStats` of every guarded-store site that saw a record.
+        at_exit: Written by its exit handler (``False``: at its last audit).
+    """
+
+    run: str
+    pid: int
+    host: str
+    top: bool
+    argv: tuple[str, ...]
+    error: str | None
+    written: float
+    started: int | None
+    rank: int | None
+    world_size: int | None
+    local_rank: int | None
+    rank_from: str | None
+    actor: str | None
+    label: str
+    role: str
+    every: Every | None
+    mode: str
+    figures: WatchFigures
+    holders: tuple[HolderHistory, ...]
+    stats: tuple[SiteStats, ...]
+    at_exit: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class NotSetUp:
+    """A process that imported torch where the bootstrap could not set gradguard up (an interpreter without
+    gradguard installed), written by the bootstrap itself: ``executable`` is its Python; the other
+    fields as for :class:`ProcessReport`."""
+
+    run: str
+    pid: int
+    host: str
+    top: bool
+    argv: tuple[str, ...]
+    error: str | None
+    written: float
+    executable: str
+    started: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class NestedRun:
+    """A ``gradguard run`` started inside this run, which watched its own command and printed its own
+    summary: ``folder`` and ``nested_run`` say where its reports are, ``code`` is its exit status,
+    ``raised``, ``reached`` and ``checked`` its summary's outcome; the other fields as for
+    :class:`ProcessReport`."""
+
+    run: str
+    pid: int
+    host: str
+    top: bool
+    argv: tuple[str, ...]
+    error: str | None
+    written: float
+    folder: str
+    nested_run: str
+    code: int = dataclasses.field(metadata={"kind": "integer"})  # an exit status may be negative
+    raised: bool
+    reached: int
+    checked: bool
+
+
+Record = ProcessReport | NotSetUp | NestedRun
+KINDS: dict[str, type[Record]] = {"process": ProcessReport, "not-set-up": NotSetUp, "nested-run": NestedRun}
+
+# What a reader checks each field's value against, by the field's type.
+_KIND_OF = {
+    "str": "text",
+    "int": "count",
+    "float": "number",
+    "bool": "flag",
+    "str | None": "text or none",
+    "int | None": "count or none",
+    "tuple[str, ...]": "texts",
+    "Every | None": "every",
+    "WatchFigures": "figures",
+    "tuple[HolderHistory, ...]": "holders",
+    "tuple[SiteStats, ...]": "stats",
 }
-FIELDS: dict[str, dict[str, str]] = {
-    "process": {
-        **_COMMON,
-        "started": "count or none",  # clock ticks since boot, kept by exec: one process across its programs
-        "rank": "count or none",
-        "world_size": "count or none",
-        "local_rank": "count or none",
-        "rank_from": "text or none",
-        "actor": "text or none",
-        "label": "text",  # the rank, the actor, else the pid (gradguard._launch._identity.Identity)
-        "role": "text",  # "multiprocessing child", "Ray worker" or "": how a process that never stepped is counted
-        "every": "every",  # the watch's (null: no watch)
-        "mode": "text",  # the mode in force when written
-        "boundaries": "count",
-        "audits": "count",
-        "audit_seconds": "number",
-        "memory_audits": "count",
-        "read_seconds": "number",
-        "memory": "text",  # what the memory figure did, as the watch says it
-        "summary": "text",  # the watch's own summary (Watcher.summary); "" in a fork child (its parent's watcher)
-        "unexplained": "count",  # graphs old at the last audit that no holder was found for
-        "holders": "holders",  # the watch's HolderHistory records, as dicts
-        "stats": "stats",  # the SiteStats of every guarded-store site, as dicts
-        "at_exit": "flag",  # written by the exit handler (false: at its last audit)
-    },
-    "not-set-up": {**_COMMON, "executable": "text", "started": "count or none"},  # written by the bootstrap
-    "nested-run": {
-        **_COMMON,
-        "folder": "text",  # where the nested run's reports are
-        "nested_run": "text",  # its run id
-        "code": "integer",
-        "raised": "flag",
-        "reached": "count",
-        "checked": "flag",
-    },
-}
-HOLDER_FIELDS = {
-    "holder": "text",
-    "path": "text",
-    "fix": "text",
-    "outcome": "text",
-    "tensors": "count",
-    "pinned_bytes": "count",
-    "survived": "count",
-    "nodes": "count",
-    "node_bytes": "count",
-}
-STATS_FIELDS = {
-    "store": "text",
-    "site": "text",
-    "records": "count",
-    "tensors_detached": "count",
-    "pinned_bytes_per_record": "count",
-    "pinned_bytes_released": "count",
-}
+
+
+def _schema(cls: type) -> dict[str, str]:
+    return {f.name: f.metadata.get("kind") or _KIND_OF[str(f.type)] for f in dataclasses.fields(cls)}
+
+
+_HEAD = {"format": "text", "version": "count", "kind": "text"}
+FIELDS: dict[str, dict[str, str]] = {kind: {**_HEAD, **_schema(cls)} for kind, cls in KINDS.items()}
+"""The fields each kind of report has, and the kind of value of each: what a reader checks before using one."""
+FIGURES_FIELDS = _schema(WatchFigures)
+HOLDER_FIELDS = _schema(HolderHistory)
+STATS_FIELDS = _schema(SiteStats)
+
+
+def to_json(record: Record) -> dict[str, Any]:
+    """The JSON object of a report file for ``record``."""
+    kind = next(name for name, cls in KINDS.items() if isinstance(record, cls))
+    fields = {
+        name: list(value) if isinstance(value, tuple) else value for name, value in dataclasses.asdict(record).items()
+    }
+    return {"format": FORMAT, "version": VERSION, "kind": kind, **fields}
 
 
 @dataclasses.dataclass
 class Baseline:
     """What a forked child's inherited watcher and stats held at the fork (all zero in any other process).
 
-    The counts are read from the watcher at the fork (without a lock); the holders and the stats are
-    those of the parent's last report, passed in: reading them again would take locks that another
-    thread of the parent may have held at the fork (and a fork with ``preexec_fn`` runs this before
-    its ``exec``). Holders change only at audits, so theirs are exact; a guarded store's records
-    published since the parent's last report are counted as the child's.
+    The step boundaries and audits are read from the watcher at the fork (without a lock); the rest is
+    that of the parent's last report, passed in: reading it again would take locks that another thread
+    of the parent may have held at the fork (and a fork with ``preexec_fn`` runs this before its
+    ``exec``). Holders change only at audits, so theirs are exact; a guarded store's records published
+    since the parent's last report are counted as the child's.
     """
 
-    boundaries: int = 0
-    audits: int = 0
-    audit_seconds: float = 0.0
+    figures: WatchFigures = WatchFigures(boundaries=0, audits=0)
     holders: dict[str, HolderHistory] = dataclasses.field(default_factory=dict)
     stats: dict[tuple[str, str], SiteStats] = dataclasses.field(default_factory=dict)
     forked: bool = False
 
     @classmethod
     def of(
-        cls, watcher: Watcher | None, history: Sequence[HolderHistory], stats: dict[tuple[str, str], SiteStats]
+        cls,
+        watcher: Watcher | None,
+        figures: WatchFigures | None,
+        holders: Sequence[HolderHistory],
+        stats: Mapping[tuple[str, str], SiteStats],
     ) -> Baseline:
-        if watcher is None:
+        """The baseline of a child forked now.
+
+        Args:
+            watcher: The parent's watcher (``None``: no watch).
+            figures: Its figures at the parent's last report.
+            holders: Its holders then.
+            stats: :func:`gradguard.stats` then.
+
+        Returns:
+            What the child counts from.
+        """
+        if watcher is None or figures is None:
             return cls(stats=dict(stats), forked=True)
-        holders = {h.holder: h for h in history}
-        return cls(watcher.boundaries, watcher.audits, watcher.audit_seconds, holders, dict(stats), forked=True)
+        figures = dataclasses.replace(figures, boundaries=watcher.boundaries, audits=watcher.audits)
+        return cls(figures, {h.holder: h for h in holders}, dict(stats), forked=True)
 
 
-def _holders(history: Sequence[HolderHistory], base: Baseline) -> list[dict[str, Any]]:
+_COUNTED = ("boundaries", "audits", "searches", "seconds", "elapsed", "memory_audits", "stamped")
+
+
+def _since(figures: WatchFigures, base: WatchFigures) -> WatchFigures:
+    """``figures`` counted from ``base`` on (the graphs unexplained and the memory clause are as they are now)."""
+    return dataclasses.replace(
+        figures, **{name: max(0, getattr(figures, name) - getattr(base, name)) for name in _COUNTED}
+    )
+
+
+def _holders(history: Sequence[HolderHistory], base: Baseline) -> tuple[HolderHistory, ...]:
     found = []
     for entry in history:
         before = base.holders.get(entry.holder)
@@ -160,11 +246,11 @@ def _holders(history: Sequence[HolderHistory], base: Baseline) -> list[dict[str,
             entry = dataclasses.replace(
                 entry, audits=entry.audits - before.audits, repaired=entry.repaired - before.repaired
             )
-        found.append(dataclasses.asdict(entry))
-    return found
+        found.append(entry)
+    return tuple(found)
 
 
-def _stats(stats: dict[tuple[str, str], SiteStats], base: Baseline) -> list[dict[str, Any]]:
+def _stats(stats: Mapping[tuple[str, str], SiteStats], base: Baseline) -> tuple[SiteStats, ...]:
     rows = []
     for key, row in stats.items():
         before = base.stats.get(key)
@@ -176,22 +262,8 @@ def _stats(stats: dict[tuple[str, str], SiteStats], base: Baseline) -> list[dict
                 pinned_bytes_released=row.pinned_bytes_released - before.pinned_bytes_released,
             )
         if row.records > 0:
-            rows.append(dataclasses.asdict(row))
-    return rows
-
-
-def _head(kind: str, run: str, pid: int, host: str, top: bool, error: str | None) -> dict[str, Any]:
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "run": run,
-        "kind": kind,
-        "pid": pid,
-        "host": host,
-        "top": top,
-        "argv": [str(a) for a in sys.argv],
-        "error": error,
-    }
+            rows.append(row)
+    return tuple(rows)
 
 
 def _role() -> str:
@@ -217,54 +289,74 @@ def content(
     top: bool,
     every: Every | None,
     mode: str,
-    watcher: Watcher | None,
-    history: Sequence[HolderHistory],
-    stats: dict[tuple[str, str], SiteStats],
+    figures: WatchFigures | None,
+    holders: Sequence[HolderHistory],
+    stats: Mapping[tuple[str, str], SiteStats],
     base: Baseline,
     at_exit: bool,
     error: str | None,
-) -> dict[str, Any]:
-    """The report of this process now (the module documentation says what each field is); ``history``
-    is ``watcher.history()`` and ``stats`` is :func:`gradguard.stats`, read by the caller."""
-    report = _head("process", run, identity.pid, identity.host, top, error)
-    report.update(identity.to_dict(), started=started, role=_role(), every=every, mode=mode)
-    if watcher is None:
-        report.update(boundaries=0, audits=0, audit_seconds=0.0, memory_audits=0, read_seconds=0.0, memory="")
-        report.update(holders=[], summary="", unexplained=0)
-    else:
-        # the watch's own summary of this process, as its Watcher says it (a fork child's watcher is its
-        # parent's too: its summary would not be the child's own)
-        report.update(summary="" if base.forked else watcher.summary(), unexplained=watcher.figures().unexplained)
-        report.update(
-            boundaries=watcher.boundaries - base.boundaries,
-            audits=watcher.audits - base.audits,
-            audit_seconds=round(max(0.0, watcher.audit_seconds - base.audit_seconds), 6),
-            memory_audits=watcher.memory_audits,
-            read_seconds=round(watcher.read_seconds, 6),
-            memory=watcher.memory_line(),
-            holders=_holders(history, base),
-        )
-    report.update(stats=_stats(stats, base), at_exit=at_exit, written=time.time())
-    return report
+) -> ProcessReport:
+    """The report of this process now.
+
+    Args:
+        identity: Who the process is.
+        run: The run id.
+        started: Its start time (:func:`gradguard._launch._identity.started`).
+        top: Whether it is the command ``gradguard run`` started.
+        every: Its watch's ``every`` (``None``: no watch).
+        mode: The mode in force.
+        figures: Its watcher's :meth:`~gradguard.Watcher.figures` (``None``: no watch).
+        holders: Its watcher's holders, leaking and bounded.
+        stats: :func:`gradguard.stats`.
+        base: What a fork child inherited (the child counts from there); ``Baseline()`` otherwise.
+        at_exit: Whether its exit handler writes it.
+        error: Why it is not (fully) checked, or ``None``.
+
+    Returns:
+        The record, for :func:`to_json`.
+    """
+    return ProcessReport(
+        run=run,
+        pid=identity.pid,
+        host=identity.host,
+        top=top,
+        argv=tuple(str(a) for a in sys.argv),
+        error=error,
+        written=time.time(),
+        started=started,
+        rank=identity.rank,
+        world_size=identity.world_size,
+        local_rank=identity.local_rank,
+        rank_from=identity.rank_from,
+        actor=identity.actor,
+        label=identity.label,
+        role=_role(),
+        every=every,
+        mode=mode,
+        figures=WatchFigures(0, 0) if figures is None else _since(figures, base.figures),
+        holders=_holders(holders, base),
+        stats=_stats(stats, base),
+        at_exit=at_exit,
+    )
 
 
 def nested_record(
     *, run: str, pid: int, host: str, top: bool, folder: str, nested_run: str, code: int, raised: bool,
     reached: int, checked: bool,
-) -> dict[str, Any]:  # fmt: skip
+) -> NestedRun:  # fmt: skip
     """The record a ``gradguard run`` started inside another run leaves in the outer run's folder."""
-    record = _head("nested-run", run, pid, host, top, None)
-    record.update(
+    return NestedRun(
+        run=run, pid=pid, host=host, top=top, argv=tuple(str(a) for a in sys.argv), error=None, written=time.time(),
         folder=folder, nested_run=nested_run, code=code, raised=raised, reached=reached, checked=checked,
-        written=time.time(),
     )  # fmt: skip
-    return record
 
 
-def write(path: str, report: dict[str, Any]) -> None:
-    """Replace ``path`` with ``report`` in one step (a reader sees the old file or the new one)."""
+def write(path: str, report: Record | Mapping[str, Any]) -> None:
+    """Replace ``path`` with ``report`` (a record, or its JSON object) in one step: a reader sees the old
+    file or the new one."""
+    document = to_json(report) if dataclasses.is_dataclass(report) else report
     temporary = f"{path}.{os.getpid()}.tmp"
     with open(temporary, "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=1, default=str)
+        json.dump(document, f, indent=1, default=str)
         f.write("\n")
     os.replace(temporary, path)

@@ -28,10 +28,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Literal
 
 from .._errors import GradGuardError
+from .._policy import validate
 from .._policy.modes import ENV_VAR as MODE
+from .._policy.validate import Every
 
 __all__ = [
     "AUDIT",
@@ -47,7 +48,6 @@ __all__ = [
     "exports",
     "given",
     "new_run_id",
-    "parse_audit",
     "python_path",
 ]
 
@@ -58,38 +58,10 @@ REPORT_DIR = "GRADGUARD_REPORT_DIR"
 RUN_ID = "GRADGUARD_RUN_ID"
 AUDIT = "GRADGUARD_RUN_AUDIT"
 PARENT = "GRADGUARD_RUN_PARENT"
-AUDIT_ENV = "GRADGUARD_AUDIT"  # the watch's own variable (gradguard._watch.watcher.AUDIT_ENV; a test keeps them equal)
+AUDIT_ENV = "GRADGUARD_AUDIT"  # the watch's own variable (gradguard._watch.scope.AUDIT_ENV; a test keeps them equal)
 
-Every = int | Literal["auto"]
-
-AUDIT_ACCEPTED = (
-    "a positive whole number N (audit every N-th step boundary), 'auto' (audit when memory grows, and as "
-    "often as keeps the audits within a small share of the wall time), or 0/off (no watch)"
-)
-_OFF_WORDS = frozenset({"0", "off", "false", "no", "none"})
 _RUN_ID = re.compile(r"[A-Za-z0-9_]{1,64}")  # no "-": it ends the run id in a report's file name
 RUN_ID_ACCEPTED = "1 to 64 letters, digits or '_' (gradguard run and gradguard env set it)"
-
-
-def parse_audit(value: str, *, what: str) -> Every | None:
-    """A watch setting given as text (a flag or a variable): ``every``, or ``None`` for no watch.
-
-    The watch's own vocabulary (:func:`gradguard._watch.watcher.parse_audit` takes the same words; a
-    test keeps the two equal), read here without importing torch. An empty value is refused: a flag
-    given as ``''`` is a mistake (a variable that is empty counts as unset, and is never passed here).
-
-    Raises:
-        GradGuardError: naming ``what``, the value and what is accepted.
-    """
-    text = value.strip().lower()
-    if text == "auto":
-        return "auto"
-    if text in _OFF_WORDS:
-        return None
-    if text.isascii() and text.isdigit() and int(text) > 0:
-        return int(text)
-    empty = " (an empty value)" if not text else ""
-    raise GradGuardError(f"{what}={value!r}{empty} is not accepted; accepted: {AUDIT_ACCEPTED}")
 
 
 def check_run_id(value: str, *, what: str = RUN_ID) -> str:
@@ -99,7 +71,7 @@ def check_run_id(value: str, *, what: str = RUN_ID) -> str:
         GradGuardError: naming ``what``, the value and what is accepted.
     """
     if _RUN_ID.fullmatch(value) is None:
-        raise GradGuardError(f"{what}={value!r} is not accepted; accepted: {RUN_ID_ACCEPTED}")
+        raise validate.refusal(what, value, RUN_ID_ACCEPTED)
     return value
 
 
@@ -127,7 +99,7 @@ class Settings:
         self.every: Every | None = None
         self.run = ""
         try:
-            self.every = parse_audit(given(environ, AUDIT) or "auto", what=AUDIT)
+            self.every = validate.audit(given(environ, AUDIT) or "auto", what=AUDIT)
         except GradGuardError as exc:  # reported, never raised into the program's `import torch`
             self.errors.append(str(exc))
         run = (given(environ, RUN_ID) or "").strip()

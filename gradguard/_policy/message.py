@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # for the annotation only: the launcher's summary uses this module without torch
     from .._tree.walk import GraphRecord
 
-__all__ = ["display", "human", "plural", "retention"]
+__all__ = ["display", "human", "nodes_text", "plural", "retention"]
 
 _SHOWN = 8
 
@@ -43,12 +43,21 @@ def human(n: int) -> str:
 
 
 def plural(n: int, word: str) -> str:
-    """``1 step boundary``, ``3 step boundaries``, ``2 holders``, ``2 processes``."""
+    """``1 step boundary``, ``3 step boundaries``, ``2 holders``, ``2 processes``, ``4 multiprocessing children``."""
     if n == 1:
         return f"{n} {word}"
     if word.endswith("y") and word[-2:-1] not in "aeiou":
         return f"{n} {word[:-1]}ies"
+    if word.endswith("child"):
+        return f"{n} {word}ren"
     return f"{n} {word}es" if word.endswith(("s", "x", "ch", "sh")) else f"{n} {word}s"
+
+
+def nodes_text(nodes: int, node_bytes: int) -> str:
+    """``7 (~4.8 KiB)``: a holder's graph nodes and what they take (``shared``: counted for another holder)."""
+    if not nodes:
+        return "0"
+    return f"{nodes} (~{human(node_bytes)})" if node_bytes else f"{nodes} (shared)"
 
 
 def retention(store: str, site: str, graphs: list[GraphRecord], estimate: int, outcome: str) -> str:

@@ -12,9 +12,21 @@ import contextvars
 import os
 from typing import Literal
 
-from .._errors import GradGuardError
+from .validate import choice
 
-__all__ = ["Mode", "get_mode", "mode_source", "normalize_mode", "resolve", "set_mode"]
+__all__ = [
+    "ACCEPTED",
+    "ENV_VAR",
+    "Mode",
+    "get_mode",
+    "mode_source",
+    "normalize_mode",
+    "pop_enforced",
+    "push_enforced",
+    "reload_env",
+    "resolve",
+    "set_mode",
+]
 
 Mode = Literal["off", "detach", "warn", "raise"]
 
@@ -44,15 +56,20 @@ _env: tuple[Mode | None] | None = None  # cached parse of GRADGUARD (a 1-tuple o
 
 
 def normalize_mode(value: object, *, what: str = "mode") -> Mode:
-    """Return the canonical mode for ``value`` (case-insensitive, aliases allowed).
+    """The canonical mode for ``value``.
 
-    Raises :class:`GradGuardError` naming the bad value and the accepted ones.
+    Args:
+        value: A mode or an alias, in any case: ``off``/``0``/``false``, ``detach``/``on``/``1``/``true``,
+            ``warn``, ``raise``/``strict``.
+        what: The option as the user spelled it, for the error (``mode``, ``--mode``, ``GRADGUARD``).
+
+    Returns:
+        ``"off"``, ``"detach"``, ``"warn"`` or ``"raise"``.
+
+    Raises:
+        GradGuardError: anything else, naming ``what``, the value and the accepted ones.
     """
-    if isinstance(value, str):
-        mode = _ALIASES.get(value.strip().lower())
-        if mode is not None:
-            return mode
-    raise GradGuardError(f"{what}={value!r} is not a gradguard mode; accepted: {ACCEPTED}")
+    return choice(value, _ALIASES, what=what, accepted=ACCEPTED, said="is not a gradguard mode")
 
 
 def _env_mode() -> Mode | None:
@@ -64,14 +81,25 @@ def _env_mode() -> Mode | None:
     return env[0]
 
 
-def _reload_env() -> None:
-    """Forget the cached ``GRADGUARD`` so the next use reads it again (tests, doctor)."""
+def reload_env() -> None:
+    """Forget the cached ``GRADGUARD`` so the next use reads it again (tests, ``gradguard doctor``)."""
     global _env
     _env = None
 
 
+
 def resolve(explicit: Mode | None = None) -> Mode:
-    """The mode in force for one call: ``explicit`` when given, else the context's mode."""
+    """The mode in force for one call.
+
+    Args:
+        explicit: The call's own ``mode=``, when it has one.
+
+    Returns:
+        ``explicit`` when given, else the context's mode (the resolution order above).
+
+    Raises:
+        GradGuardError: ``GRADGUARD`` is read here the first time, and is not a mode.
+    """
     if explicit is not None:
         return explicit
     mode = _enforced.get()
@@ -85,12 +113,26 @@ def resolve(explicit: Mode | None = None) -> Mode:
 
 
 def get_mode() -> Mode:
-    """The effective mode here (this thread / task): what a store without ``mode=`` would use."""
+    """The effective mode here (this thread or asyncio task).
+
+    Returns:
+        What a store without ``mode=`` would use now.
+
+    Raises:
+        GradGuardError: ``GRADGUARD`` is set to something that is not a mode.
+    """
     return resolve(None)
 
 
 def mode_source() -> tuple[Mode, str]:
-    """The effective mode and where it came from: ``enforce``, ``set_mode``, ``GRADGUARD``, ``default``."""
+    """The effective mode and where it came from.
+
+    Returns:
+        ``(mode, source)``, ``source`` one of ``"enforce"``, ``"set_mode"``, ``"GRADGUARD"``, ``"default"``.
+
+    Raises:
+        GradGuardError: ``GRADGUARD`` is set to something that is not a mode.
+    """
     for mode, source in ((_enforced.get(), "enforce"), (_chosen.get(), "set_mode"), (_env_mode(), ENV_VAR)):
         if mode is not None:
             return mode, source
@@ -98,19 +140,34 @@ def mode_source() -> tuple[Mode, str]:
 
 
 def set_mode(mode: str | None) -> Mode | None:
-    """Set the mode for this thread / asyncio task (below ``enforce``); ``None`` clears it.
+    """Set the mode for this thread or asyncio task (an enclosing ``enforce`` still wins).
 
-    Returns the previous ``set_mode`` value of this context.
+    Args:
+        mode: A mode or an alias, as :func:`normalize_mode` takes it; ``None`` clears it.
+
+    Returns:
+        The previous ``set_mode`` value of this context.
+
+    Raises:
+        GradGuardError: ``mode`` is not a mode.
     """
     previous = _chosen.get()
     _chosen.set(None if mode is None else normalize_mode(mode))
     return previous
 
 
-def _push_enforced(mode: Mode | None) -> contextvars.Token[Mode | None]:
-    """Enter an ``enforce`` scope; ``None`` keeps the enclosing scope's mode."""
+def push_enforced(mode: Mode | None) -> contextvars.Token[Mode | None]:
+    """Enter an ``enforce`` scope's mode in this context.
+
+    Args:
+        mode: The scope's mode; ``None`` keeps the enclosing scope's.
+
+    Returns:
+        The token :func:`pop_enforced` takes to leave it.
+    """
     return _enforced.set(mode if mode is not None else _enforced.get())
 
 
-def _pop_enforced(token: contextvars.Token[Mode | None]) -> None:
+def pop_enforced(token: contextvars.Token[Mode | None]) -> None:
+    """Leave the scope mode :func:`push_enforced` entered (``token``: what it returned)."""
     _enforced.reset(token)

@@ -1,10 +1,12 @@
-"""``gradguard.enforce()``: a mode scope plus reference-counted installation of patches.
+"""The scope under ``gradguard.enforce()`` and ``gradguard.watch()``: a mode plus reference-counted installs.
 
-Installation is process-wide and reference-counted: the first scope that needs an install (an
-engine adapter, a store target) installs it, the last one to leave restores every original object.
-Engine adapters install through wrapt post-import hooks, so an engine may be imported before or
-after entering. The mode is context-local: inside the scope, in this thread or asyncio task, the
-scope's mode rules; other threads keep theirs.
+A :class:`Scope` holds a mode and the :class:`Install` objects it needs while it is entered: the engine
+adapters and ``stores=`` patches made here (:func:`engine_installs`, :func:`store_installs`), and any
+other install a layer above implements (the watch's). Installation is process-wide and
+reference-counted: the first scope that needs an install installs it, the last one to leave restores
+every original object. Engine adapters install through wrapt post-import hooks, so an engine may be
+imported before or after entering. The mode is context-local: inside the scope, in this thread or
+asyncio task, the scope's mode rules; other threads keep theirs.
 """
 
 from __future__ import annotations
@@ -16,21 +18,21 @@ import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import wrapt
 
 from .. import engines as _engines
 from .._errors import GradGuardError, GradGuardWarning
+from .._guards import patch
 from .._guards.arguments import Argument
 from .._guards.store import guard_in_place
 from .._guards.wrapper import function_wrapper, kind
-from .._policy.modes import Mode, _pop_enforced, _push_enforced, normalize_mode
-from ..engines import _patch
+from .._policy.modes import Mode, normalize_mode, pop_enforced, push_enforced
 
-__all__ = ["enforce", "register_audit_installer"]
+__all__ = ["Install", "Scope", "engine_installs", "installed", "store_installs"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -38,19 +40,30 @@ __all__ = ["enforce", "register_audit_installer"]
 # --------------------------------------------------------------------------------------------------
 
 
-class _Install(abc.ABC):
-    """One thing a scope installs; scopes asking for equal ``key``s share one install."""
+class Install(abc.ABC):
+    """One thing a scope installs while it is entered; scopes whose installs have equal keys share one.
+
+    Attributes:
+        key: What the install is (``("engine", "megatron")``, ``("watch", "audit=auto")``): the first
+            scope entered with a key installs, the last to leave uninstalls.
+    """
 
     key: Hashable
 
     @abc.abstractmethod
-    def install(self) -> None: ...
+    def install(self) -> None:
+        """Put it in place (the first scope with this key is entering).
+
+        Raises:
+            GradGuardError: it cannot be installed; nothing of it is left in place.
+        """
 
     @abc.abstractmethod
-    def uninstall(self) -> None: ...
+    def uninstall(self) -> None:
+        """Take it away, restoring exactly what was there (the last scope with this key has left)."""
 
 
-class _EngineInstall(_Install):
+class _EngineInstall(Install):
     """An engine adapter: instrument its modules now if imported, and on import otherwise."""
 
     # Modules waiting with a post-import hook. wrapt's hooks fire once, on the next import, and are
@@ -99,7 +112,7 @@ def _on_import(module: ModuleType) -> None:
                     )
 
 
-class _StoreInstall(_Install):
+class _StoreInstall(Install):
     """``stores={"pkg.mod:func": "arg"}``: that argument of every call is guarded in place."""
 
     def __init__(self, target: str, arg: str) -> None:
@@ -119,7 +132,7 @@ class _StoreInstall(_Install):
         func = getattr(original, "__func__", original)  # a staticmethod/classmethod's function
         if not callable(func):
             raise GradGuardError(f"stores target {self.target!r} is a {type(original).__qualname__}, not a function")
-        if _patch.is_installed(owner, attr):
+        if patch.is_installed(owner, attr):
             raise GradGuardError(
                 f"stores target {self.target!r} is already patched by gradguard (an engine adapter patches it); "
                 f"cannot also guard {self.arg!r}"
@@ -128,19 +141,19 @@ class _StoreInstall(_Install):
             func if isinstance(owner, type) else original, self.arg, what=f"stores target {self.target!r}"
         )
         wrapper = _store_wrapper(f"{self.target}:{self.arg}", argument)
-        _patch.install(owner, attr, wrapper)
+        patch.install(owner, attr, wrapper)
         self.patched.append((owner, attr))
         if isinstance(owner, ModuleType):
             # names bound by `from module import func` before the scope: the same object elsewhere
             for module in list(sys.modules.values()):
                 namespace = getattr(module, "__dict__", None)
                 if module is not owner and type(namespace) is dict and namespace.get(attr) is original:
-                    _patch.install(module, attr, wrapper)
+                    patch.install(module, attr, wrapper)
                     self.patched.append((module, attr))
 
     def uninstall(self) -> None:
         for owner, attr in reversed(self.patched):
-            _patch.uninstall(owner, attr)
+            patch.uninstall(owner, attr)
         self.patched.clear()
 
 
@@ -161,16 +174,16 @@ def _store_wrapper(name: str, argument: Argument) -> Callable[..., Any]:
 
 _lock = threading.RLock()
 _counts: dict[Hashable, int] = {}
-_active: dict[Hashable, _Install] = {}
+_active: dict[Hashable, Install] = {}
 _scopes: contextvars.ContextVar[tuple[contextvars.Token[Mode | None], ...]] = contextvars.ContextVar(
     "gradguard_enforce_scopes", default=()
 )
 
 
-def _acquire(installs: list[_Install]) -> None:
+def _acquire(installs: Sequence[Install]) -> None:
     """Take one reference on each install, installing on the first; all or nothing."""
     with _lock:
-        done: list[_Install] = []
+        done: list[Install] = []
         try:
             for item in installs:
                 current = _active.get(item.key)
@@ -189,7 +202,7 @@ def _acquire(installs: list[_Install]) -> None:
             raise
 
 
-def _release(installs: list[_Install]) -> None:
+def _release(installs: Sequence[Install]) -> None:
     """Give back one reference on each install, uninstalling on the last; every one is processed
     even when an uninstall fails (the first failure is raised afterwards)."""
     with _lock:
@@ -207,7 +220,11 @@ def _release(installs: list[_Install]) -> None:
 
 
 def installed() -> dict[Hashable, int]:
-    """What is installed now, and how many scopes hold each: ``{("engine", "megatron"): 1, ("store", target): 2}``."""
+    """What is installed now.
+
+    Returns:
+        Each install's key and how many entered scopes hold it: ``{("engine", "megatron"): 1, ("store", target): 2}``.
+    """
     with _lock:
         return dict(_counts)
 
@@ -217,49 +234,48 @@ def installed() -> dict[Hashable, int]:
 # --------------------------------------------------------------------------------------------------
 
 
-class enforce:
-    """Guard engines and stores inside a ``with`` block, or around a decorated function.
+F = TypeVar("F", bound=Callable[..., Any])
+S = TypeVar("S", bound="Scope")
 
-    ``mode``: the mode inside (``None`` keeps the enclosing one). ``engines``: ``"auto"`` (every known
-    adapter), ``"none"``, or names from ``gradguard.engines.KNOWN``. ``stores``:
-    ``{"pkg.module:function": "arg_name"}`` (``function`` may be ``Class.method``, or ``obj.method`` of
-    a module-level object) guards that argument of every call, in place; a name the module's function
-    is bound to elsewhere by ``from pkg.module import function`` is patched too. A target that cannot
-    be resolved raises :class:`GradGuardError` on entering. ``audit``: also run the step-boundary
-    watch inside (:func:`gradguard.watch` with this ``every``, in the scope's mode): a positive
-    ``int`` or ``"auto"``; ``0`` or ``"off"``: none; ``None`` (the default): the ``GRADGUARD_AUDIT``
-    environment variable, read when the scope is made (a bad value raises :class:`GradGuardError`
-    there). Scopes asking for the same ``every`` share one watch.
+
+class Scope:
+    """A mode and the installs it needs, held while it is entered: in a ``with`` block, or around a
+    decorated function.
 
     As a decorator it scopes the function's body: for a coroutine function while it runs, for a
     generator (or async generator) function each time it resumes, the installs held from its start
     to its end. Re-entrant, nestable, exception-safe; safe to enter from several threads at once.
+    ``gradguard.enforce`` and ``gradguard.watch`` are scopes.
+
+    Args:
+        mode: The mode inside (``None`` keeps the enclosing one), as :func:`gradguard.set_mode` takes it.
+        installs: What the scope installs while entered.
+
+    Attributes:
+        mode: The mode inside, normalised (``None``: the enclosing one).
+        installs: What the scope installs while entered.
+
+    Raises:
+        GradGuardError: a bad ``mode``; on entering, an install that failed (nothing is left installed).
     """
 
-    def __init__(
-        self,
-        mode: str | None = None,
-        engines: str | Iterable[str] | None = "auto",
-        stores: Mapping[str, str] | None = None,
-        audit: int | str | None = None,
-    ) -> None:
+    def __init__(self, mode: str | None, installs: Iterable[Install]) -> None:
         self.mode: Mode | None = None if mode is None else normalize_mode(mode)
-        self._installs: list[_Install] = [_EngineInstall(_engines.load(name)) for name in _engine_names(engines)]
-        self._installs += [_StoreInstall(target, arg) for target, arg in _store_items(stores)]
-        self._installs += _watch_installs(audit)
+        self.installs: tuple[Install, ...] = tuple(installs)
 
-    def __enter__(self) -> enforce:
-        _acquire(self._installs)
-        _scopes.set((*_scopes.get(), _push_enforced(self.mode)))
+    def __enter__(self: S) -> S:
+        _acquire(self.installs)
+        _scopes.set((*_scopes.get(), push_enforced(self.mode)))
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         scopes = _scopes.get()
-        _pop_enforced(scopes[-1])
+        pop_enforced(scopes[-1])
         _scopes.set(scopes[:-1])
-        _release(self._installs)
+        _release(self.installs)
 
-    def __call__(self, func: Callable[..., Any]) -> Any:
+    def __call__(self, func: F) -> F:
+        """``func`` wrapped so that each call (each run of its coroutine or generator) is inside the scope."""
         how = kind(func)
         if how == "coroutine":
 
@@ -286,10 +302,11 @@ class enforce:
                 with self:
                     return wrapped(*args, **kwargs)
 
-        return function_wrapper(func, wrapper)
+        wrapped: F = function_wrapper(func, wrapper)
+        return wrapped
 
     def __repr__(self) -> str:
-        return f"gradguard.enforce(mode={self.mode!r}, installs={[item.key for item in self._installs]})"
+        return f"gradguard.enforce(mode={self.mode!r}, installs={[item.key for item in self.installs]})"
 
 
 class _Scoped(wrapt.ObjectProxy):  # type: ignore[misc]
@@ -300,23 +317,23 @@ class _Scoped(wrapt.ObjectProxy):  # type: ignore[misc]
     collected (a generator collected unfinished is then closed by Python, outside the scope).
     """
 
-    def __init__(self, gen: Any, scope: enforce) -> None:
+    def __init__(self, gen: Any, scope: Scope) -> None:
         super().__init__(gen)
         self._self_scope = scope
-        self._self_hold = _Hold(scope._installs)
+        self._self_hold = _Hold(scope.installs)
         weakref.finalize(self, self._self_hold.give_back)
 
     @contextlib.contextmanager
     def _resumed(self) -> Iterator[None]:
         self._self_hold.take()
-        token = _push_enforced(self._self_scope.mode)
+        token = push_enforced(self._self_scope.mode)
         try:
             yield
         except BaseException:
             self._self_hold.give_back()  # StopIteration, StopAsyncIteration or an error: the body has ended
             raise
         finally:
-            _pop_enforced(token)
+            pop_enforced(token)
 
 
 class _Hold:
@@ -324,7 +341,7 @@ class _Hold:
 
     __slots__ = ("installs", "state")
 
-    def __init__(self, installs: list[_Install]) -> None:
+    def __init__(self, installs: Sequence[Install]) -> None:
         self.installs, self.state = installs, "new"
 
     def take(self) -> None:
@@ -386,22 +403,37 @@ class _ScopedAsyncGenerator(_Scoped):
         self._self_hold.give_back()
 
 
-_audit_installer: Callable[[object], _Install | None] | None = None
+def engine_installs(engines: str | Iterable[str] | None) -> list[Install]:
+    """The installs of the engine adapters ``engines`` names.
+
+    Args:
+        engines: ``"auto"`` (every adapter of :data:`gradguard.engines.KNOWN`), ``"none"`` or ``None``,
+            one name, or an iterable of names.
+
+    Returns:
+        One install per adapter, its engine not imported.
+
+    Raises:
+        GradGuardError: an unknown name, or a value of another type.
+    """
+    return [_EngineInstall(_engines.load(name)) for name in _engine_names(engines)]
 
 
-def register_audit_installer(installer: Callable[[object], _Install | None]) -> None:
-    """How ``enforce(audit=...)`` makes its watch: given by the watch, which builds on this module
-    (the layers keep importing downwards only)."""
-    global _audit_installer
-    _audit_installer = installer
+def store_installs(stores: Mapping[str, str] | None) -> list[Install]:
+    """The installs that guard an argument of every call of a function, in place.
 
+    Args:
+        stores: ``{"pkg.module:function": "arg_name"}`` (``function`` may be ``Class.method``, or
+            ``obj.method`` of a module-level object); a name the function is bound to elsewhere by
+            ``from pkg.module import function`` is patched too. ``None``: none.
 
-def _watch_installs(audit: int | str | None) -> list[_Install]:
-    """The step-boundary watch's install, when ``audit`` (or, for ``None``, ``GRADGUARD_AUDIT``) asks for one."""
-    if _audit_installer is None:  # gradguard.__init__ imports the watch: only a bare import of this module
-        raise GradGuardError("enforce(audit=...) needs gradguard's watch: import gradguard, not this module alone")
-    install = _audit_installer(audit)
-    return [] if install is None else [install]
+    Returns:
+        One install per target; a target is resolved (imported) when the install is entered.
+
+    Raises:
+        GradGuardError: a mapping of the wrong shape (resolving the target fails on entering instead).
+    """
+    return [_StoreInstall(target, arg) for target, arg in _store_items(stores)]
 
 
 def _engine_names(engines: str | Iterable[str] | None) -> list[str]:

@@ -1,5 +1,5 @@
 """The ``gradguard`` command: ``gradguard bench``, ``gradguard doctor``, ``gradguard run``, ``gradguard env``
-and ``gradguard report`` (the last three in :mod:`gradguard._launch._commands`).
+and ``gradguard report`` (the last three in :mod:`gradguard._launch.commands`).
 
 Every option is checked before anything runs: a bad value is a usage error (exit status 2) naming the
 option, the value and what is accepted. Nothing here imports torch before a sub-command needs it.
@@ -8,79 +8,77 @@ option, the value and what is accepted. Nothing here imports torch before a sub-
 from __future__ import annotations
 
 import argparse
-import math
-import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["main"]
 
 
-def _whole(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+DEVICES = ("auto", "cpu", "cuda")
 
 
-def _threads(text: str) -> int:
-    value = _whole(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative; accepted: 0 (torch's default) or a positive count")
-    return value
+def _check_bench(args: argparse.Namespace) -> None:
+    """``gradguard bench``'s options checked and converted in place, before torch is imported (``--preset``
+    and ``--scenario``, whose names the bench's modules hold, are checked by :func:`_bench` before it runs).
 
+    Raises:
+        GradGuardError: the first bad one, naming the flag, the value and what is accepted.
+    """
+    from .._policy import validate
 
-def _positive(text: str) -> int:
-    value = _whole(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: a whole number >= 1")
-    return value
-
-
-def _output(text: str) -> str:
-    """An output path whose folder exists and is writable: checked before the run, not after it."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError(f"{text!r} (an empty value) is not accepted; give a file path")
-    folder = os.path.dirname(os.path.abspath(text))
-    if not os.path.isdir(folder):
-        raise argparse.ArgumentTypeError(f"{text!r}: the folder {folder!r} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise argparse.ArgumentTypeError(f"{text!r}: the folder {folder!r} is not writable")
-    if os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file name")
-    return text
+    args.device = validate.choice(args.device, {d: d for d in DEVICES}, what="--device", accepted=", ".join(DEVICES))
+    if args.micro_batches is not None:
+        args.micro_batches = validate.whole(
+            args.micro_batches,
+            what="--micro-batches",
+            least=2,
+            accepted="a whole number >= 2 (a slope needs two points)",
+        )
+    for flag in ("--leak-start", "--steps", "--clean-steps"):
+        dest = flag[2:].replace("-", "_")
+        setattr(args, dest, validate.whole(getattr(args, dest), what=flag, least=1))
+    args.threads = validate.whole(
+        args.threads, what="--threads", accepted="0 (torch's default) or a positive whole number"
+    )
+    if args.memory_cap is not None:
+        args.memory_cap = validate.number(
+            args.memory_cap, what="--memory-cap", accepted="a positive number of GiB", ok=lambda gib: gib > 0
+        )
+    for flag in ("--json", "--plot"):
+        path = getattr(args, flag[2:])
+        if path is not None:
+            validate.output_file(path, what=flag)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``gradguard`` command: its exit status."""
-    from .._launch import _commands
+    from .._launch import commands
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["run"]:  # its own parser: everything after the script belongs to the script
-        return _commands.run(argv[1:])
+        return commands.run(argv[1:])
     parser = argparse.ArgumentParser(
         prog="gradguard", description="Keep per-micro-batch records from pinning autograd graphs."
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
     bench = sub.add_parser("bench", help="per-micro-batch memory growth, unguarded vs guarded")
-    bench.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when present")
+    bench.add_argument("--device", metavar="{auto,cpu,cuda}", default="auto", help="auto: CUDA when present")
     bench.add_argument(
         "--scenario",
         action="append",
         help="pp-last-stage, lora-checkpoint (the default: both), megatron-gpt (needs megatron-core)",
     )
-    bench.add_argument("--micro-batches", type=_whole, default=None, help="micro-batches per run (default 32)")
+    bench.add_argument("--micro-batches", metavar="N", help="micro-batches per run (default 32)")
     bench.add_argument(
-        "--preset", choices=("seed-pp4",), help="seed-pp4: ~45.4 MiB pinned per micro-batch × 1024 (CUDA)"
+        "--preset", metavar="{seed-pp4}", help="seed-pp4: ~45.4 MiB pinned per micro-batch × 1024 (CUDA)"
     )
-    bench.add_argument("--json", metavar="PATH", type=_output, help="write the results as JSON")
-    bench.add_argument("--plot", metavar="PATH", type=_output, help="write a PNG plot (needs matplotlib)")
+    bench.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    bench.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
     bench.add_argument("--te", action="store_true", help="also run the Transformer Engine block (needs TE and CUDA)")
     bench.add_argument(
         "--memory-cap",
-        type=float,
         metavar="GIB",
         help="stop a run once its allocated memory passes GIB (default on CUDA: 85%% of the device's memory)",
     )
@@ -90,13 +88,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a clean run that starts leaking at --leak-start, unwatched and watched (memory per step, the step "
         "the leak is reported at), and --clean-steps clean steps for the watch's share of the time",
     )
-    bench.add_argument("--leak-start", type=_positive, default=500, metavar="STEP", help="--late-leak: default 500")
-    bench.add_argument("--steps", type=_positive, default=1000, metavar="N", help="--late-leak: default 1000")
-    bench.add_argument("--clean-steps", type=_positive, default=2000, metavar="N", help="--late-leak: default 2000")
+    bench.add_argument("--leak-start", default=500, metavar="STEP", help="--late-leak: default 500")
+    bench.add_argument("--steps", default=1000, metavar="N", help="--late-leak: default 1000")
+    bench.add_argument("--clean-steps", default=2000, metavar="N", help="--late-leak: default 2000")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.add_argument(
         "--threads",
-        type=_threads,
+        metavar="N",
         default=1,
         help="CPU: torch threads (default 1: steady timings on shared cores; 0 keeps torch's default)",
     )
@@ -106,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "run",
         help="run a command (a script, -m module, torchrun, accelerate, ...) with enforce() and the step-boundary "
         "watch in every Python process it starts, and print one summary",
-        usage=_commands.RUN_USAGE,
+        usage=commands.RUN_USAGE,
         add_help=False,
     )
     env = sub.add_parser(
@@ -117,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "when it imports torch and write its report to --report-dir (the bootstrap first on PYTHONPATH). "
         "Merge the reports afterwards with `gradguard report DIR`.",
     )
-    _commands.settings_options(env)
+    commands.settings_options(env)
     env.add_argument("--json", action="store_true", help="one JSON object (for Ray's runtime_env env_vars, a pod spec)")
     report = sub.add_parser(
         "report",
@@ -131,14 +129,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "env":
-        return _commands.env(args)
+        return commands.env(args)
     if args.command == "report":
-        return _commands.report(args.folder, args.run)
+        return commands.report(args.folder, args.run)
     if args.command == "bench":
         from .._errors import GradGuardError
         from .._policy.modes import get_mode
 
         try:
+            _check_bench(args)
             get_mode()  # a bad GRADGUARD is refused here, before the run, in one line
         except GradGuardError as exc:
             return _fail(str(exc))
@@ -146,6 +145,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .doctor import doctor
 
     return doctor()
+
+
+def _choice(value: str, known: Mapping[str, object], what: str) -> str:
+    from .._policy import validate
+
+    return validate.choice(value, {name: name for name in known}, what=what, accepted=", ".join(known))
 
 
 def _fail(message: str) -> int:
@@ -156,6 +161,7 @@ def _fail(message: str) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import torch
 
+    from .._errors import GradGuardError
     from .bench.report import plot, table, verdicts
     from .bench.runner import run_scenario
     from .bench.scenarios import PRESETS, SCENARIOS, Size
@@ -172,11 +178,18 @@ def _bench(args: argparse.Namespace) -> int:
         except ImportError:
             return _fail("--plot needs matplotlib: pip install 'gradguard[bench]'")
 
+    try:
+        names = [
+            _choice(name, SCENARIOS, "--scenario") for name in args.scenario or ["pp-last-stage", "lora-checkpoint"]
+        ]
+        preset = None if args.preset is None else _choice(args.preset, PRESETS, "--preset")
+    except GradGuardError as exc:
+        return _fail(str(exc))
     size, micro_batches = Size(), 32
-    names = args.scenario or ["pp-last-stage", "lora-checkpoint"]
-    if args.preset:
+    if preset is not None:
+        args.preset = preset
         size, micro_batches = PRESETS[args.preset]
-        names = args.scenario or ["pp-last-stage"]
+        names = names if args.scenario else ["pp-last-stage"]
         if device.type != "cuda":
             need = micro_batches * 2 * size.seq * size.batch * size.hidden * size.dtype.itemsize
             return _fail(
@@ -185,12 +198,8 @@ def _bench(args: argparse.Namespace) -> int:
                 "run it with a GPU, or drop --preset"
             )
     if args.micro_batches is not None:
-        if args.micro_batches < 2:
-            return _fail("--micro-batches must be at least 2 (a slope needs two points)")
         micro_batches = args.micro_batches
     for name in names:
-        if name not in SCENARIOS:
-            return _fail(f"unknown scenario {name!r}; known: pp-last-stage, lora-checkpoint, megatron-gpt")
         if name == "megatron-gpt":
             from .bench.megatron_gpt import unavailable
 
@@ -209,8 +218,6 @@ def _bench(args: argparse.Namespace) -> int:
         elif "pp-last-stage-te" not in names:
             names.append("pp-last-stage-te")
 
-    if args.memory_cap is not None and not (math.isfinite(args.memory_cap) and args.memory_cap > 0):
-        return _fail(f"--memory-cap must be a positive number of GiB, got {args.memory_cap:g}")
     cap = None if args.memory_cap is None else int(args.memory_cap * 2**30)
     if cap is None and device.type == "cuda":
         cap = int(0.85 * torch.cuda.get_device_properties(device).total_memory)

@@ -9,7 +9,7 @@ import torch
 
 from .. import __version__, engines
 from .._errors import GradGuardError
-from .._policy.modes import ENV_VAR, _reload_env, mode_source
+from .._policy.modes import ENV_VAR, mode_source, reload_env
 
 __all__ = ["doctor", "te_import_error"]
 
@@ -59,7 +59,7 @@ def doctor() -> int:
     for name in engines.KNOWN:
         lines.append(f"engine {name}: {_engine_status(engines.load(name))}")
     status = 0
-    _reload_env()
+    reload_env()
     try:
         mode, source = mode_source()
         lines.append(f"mode: {mode} (from {source})")

@@ -22,7 +22,7 @@ from .._graph.liveness import Liveness
 from .._heap.census import live_graph_tensors
 from .._heap.holders import find_paths, running_thread
 from .._heap.paths import Path, holder_key, spell
-from .._policy.message import display, human
+from .._policy.message import display, human, nodes_text
 from .._policy.table import text
 from .._tree.walk import graph_record
 from .fix import fix
@@ -435,10 +435,3 @@ def _retention(
         alive=alive,
         node_bytes=nodes * NODE_BYTES,
     )
-
-
-def nodes_text(nodes: int, node_bytes: int) -> str:
-    """``7 (~4.8 KiB)``: a holder's graph nodes and what they take (``shared``: counted for another holder)."""
-    if not nodes:
-        return "0"
-    return f"{nodes} (~{human(node_bytes)})" if node_bytes else f"{nodes} (shared)"

@@ -1,48 +1,39 @@
-"""The ways a watch is turned on: :func:`watch`, ``enforce(audit=...)`` and ``GRADGUARD_AUDIT``.
+"""The ways a watch is turned on: :class:`watch`, :class:`enforce` with ``audit=``, and ``GRADGUARD_AUDIT``.
 
-Each registers torch's global optimizer step post hook, which calls a :class:`Watcher`'s boundary
-after every ``optimizer.step()``; the watcher follows backwards while its scope is entered.
+Both are scopes of :mod:`gradguard._scope.enforce`; the watch is one more :class:`Install` of theirs
+(:class:`WatchInstall`): torch's global optimizer step post hook, calling a :class:`Watcher`'s boundary
+after every ``optimizer.step()``, registered while the scope is entered.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 
 from .._errors import GradGuardError
-from .._scope.enforce import _Install, enforce, register_audit_installer
+from .._policy import validate
+from .._scope.enforce import Install, Scope, engine_installs, store_installs
 from .audit import Ignore
-from .options import EVERY_ACCEPTED, Every, parse_every
 from .trigger import TriggerSettings
 from .watcher import Watcher
 
-__all__ = ["AUDIT_ENV", "audit_install", "parse_audit", "start_process_watch", "stop_process_watch", "watch"]
+__all__ = ["AUDIT_ENV", "WatchInstall", "enforce", "start_process_watch", "stop_process_watch", "watch"]
 
 AUDIT_ENV = "GRADGUARD_AUDIT"
-_AUDIT_ACCEPTED = f"{EVERY_ACCEPTED}, or 0/off (no watch)"
-_OFF_WORDS = frozenset({"0", "off", "false", "no", "none"})
 
 
-def parse_audit(value: object, *, what: str = "audit") -> Every | None:
-    """An ``audit=`` / ``GRADGUARD_AUDIT`` setting: ``every``, or ``None`` for no watch (0, ``off``).
+class WatchInstall(Install):
+    """torch's global optimizer step post hook, calling one watcher's boundary after every step.
 
-    Raises:
-        GradGuardError: for anything else (an empty string included), naming ``what`` and what is accepted.
+    Args:
+        watcher: The watcher; started on install, closed on uninstall.
+        key: Scopes whose watch installs have equal keys share one (:class:`Install`).
     """
-    if value is None or (isinstance(value, str) and value.strip().lower() in _OFF_WORDS):
-        return None
-    if isinstance(value, int) and not isinstance(value, bool) and value == 0:
-        return None
-    return parse_every(value, what=what, accepted=_AUDIT_ACCEPTED)
-
-
-class _WatchInstall(_Install):
-    """torch's global optimizer step post hook, calling one watcher's boundary after every step."""
 
     def __init__(self, watcher: Watcher, key: Hashable) -> None:
         self.watcher = watcher
@@ -63,25 +54,94 @@ class _WatchInstall(_Install):
         self.watcher.boundary(optimizer)
 
 
+def _audit_installs(audit: int | str | None) -> list[Install]:
+    """``enforce(audit=...)``'s watch: ``audit`` when given, else ``GRADGUARD_AUDIT`` unless the process
+    watch already runs it; none for no watch. Scopes asking for the same ``every`` share one watcher (its
+    mode is the scope's: ``None``)."""
+    if audit is None:
+        if _process_watch is not None:
+            return []
+        every = validate.audit(os.environ.get(AUDIT_ENV) or None, what=AUDIT_ENV)
+    else:
+        every = validate.audit(audit)
+    if every is None:
+        return []
+    return [WatchInstall(Watcher(every=every), ("watch", f"audit={every}"))]
+
+
+class enforce(Scope):
+    """Guard engines and stores inside a ``with`` block, or around a decorated function.
+
+    As a decorator it scopes the function's body: for a coroutine function while it runs, for a
+    generator (or async generator) function each time it resumes, the installs held from its start to
+    its end. Re-entrant, nestable, exception-safe; safe to enter from several threads at once.
+
+    Args:
+        mode: The mode inside: ``"off"``, ``"detach"``, ``"warn"``, ``"raise"`` (aliases as everywhere
+            in gradguard); ``None`` keeps the enclosing one.
+        engines: ``"auto"`` (every known adapter), ``"none"``, or names from ``gradguard.engines.KNOWN``.
+        stores: ``{"pkg.module:function": "arg_name"}`` (``function`` may be ``Class.method``, or
+            ``obj.method`` of a module-level object): that argument of every call is guarded, in place;
+            a name the function is bound to elsewhere by ``from pkg.module import function`` is patched too.
+        audit: Also run the step-boundary watch inside (:class:`watch` with this ``every``, in the
+            scope's mode): a positive ``int`` or ``"auto"``; ``0`` or ``"off"``: none; ``None`` (the
+            default): the ``GRADGUARD_AUDIT`` environment variable, read here. Scopes asking for the
+            same ``every`` share one watch.
+
+    Raises:
+        GradGuardError: a bad argument (``GRADGUARD_AUDIT`` included), naming it and what is accepted;
+            on entering, a ``stores`` target that cannot be resolved.
+    """
+
+    def __init__(
+        self,
+        mode: str | None = None,
+        engines: str | Iterable[str] | None = "auto",
+        stores: Mapping[str, str] | None = None,
+        audit: int | str | None = None,
+    ) -> None:
+        super().__init__(mode, [*engine_installs(engines), *store_installs(stores), *_audit_installs(audit)])
+
+
 _serial = itertools.count(1)
 
 
-def audit_install(audit: object) -> _Install | None:
-    """``enforce(audit=...)``'s install: ``audit`` when given, else ``GRADGUARD_AUDIT`` unless the
-    process watch already runs it; ``None`` for no watch. Scopes asking for the same ``every`` share
-    one watcher (its mode is the scope's: ``None``)."""
-    if audit is None:
-        if _process_watch is not None:
-            return None
-        every = parse_audit(os.environ.get(AUDIT_ENV) or None, what=AUDIT_ENV)
-    else:
-        every = parse_audit(audit)
-    if every is None:
-        return None
-    return _WatchInstall(Watcher(every=every), ("watch", f"audit={every}"))
+class watch(Scope):
+    """Watch the optimizer steps of any ``torch.optim.Optimizer``, and act on leaks.
 
+    A :class:`Watcher` whose boundary runs from torch's global optimizer step post hook, registered
+    while the scope is entered: in a ``with`` block, or around a decorated function (for a coroutine
+    function while it runs, for a generator or async generator function from its first resumption to
+    its end). Nestable and re-entrant: each scope's hook is removed exactly when it leaves, the
+    enclosing ones stay. In ``raise`` mode the :class:`GraphRetentionError` comes out of the
+    ``optimizer.step()`` call, after the step completed.
 
-register_audit_installer(audit_install)
+    Args:
+        every: ``"auto"`` or a positive ``int``, as for :class:`Watcher`.
+        mode: ``"warn"``, ``"raise"``, ``"detach"``, ``"off"``, or ``None`` (the mode in force).
+        ignore: Path prefixes or a predicate, as for :func:`gradguard.audit`.
+        memory: ``True``, ``False`` or a :class:`TriggerSettings`, as for :class:`Watcher`.
+
+    Attributes:
+        watcher: The :class:`Watcher` (its :meth:`~Watcher.summary`, its :meth:`~Watcher.history`).
+
+    Raises:
+        GradGuardError: a bad argument, naming it and what is accepted.
+    """
+
+    def __init__(
+        self,
+        every: int | str = "auto",
+        mode: str | None = None,
+        ignore: Ignore = None,
+        memory: bool | TriggerSettings | None = True,
+    ) -> None:
+        self.watcher = Watcher(every=every, mode=mode, ignore=ignore, memory=memory)
+        super().__init__(None, [WatchInstall(self.watcher, ("watch", f"#{next(_serial)}"))])
+
+    def __repr__(self) -> str:
+        w = self.watcher
+        return f"gradguard.watch(every={w.every!r}, mode={w.mode!r})"
 
 
 class _ProcessWatch:
@@ -99,7 +159,7 @@ class _ProcessWatch:
         self.handle = register_optimizer_step_post_hook(self._hook)
 
     def _make(self) -> None:
-        every = parse_audit(os.environ.get(AUDIT_ENV) or None, what=AUDIT_ENV)
+        every = validate.audit(os.environ.get(AUDIT_ENV) or None, what=AUDIT_ENV)
         if every is None:
             self.off = True
         else:
@@ -135,46 +195,3 @@ def stop_process_watch() -> None:
     if _process_watch is not None:
         _process_watch.stop()
         _process_watch = None
-
-
-class watch(enforce):
-    """Watch the optimizer steps of any ``torch.optim.Optimizer``, and act on leaks.
-
-    A :class:`Watcher` whose boundary runs from torch's global optimizer step post hook, registered
-    while the scope is entered: in a ``with`` block, or around a decorated function (for a coroutine
-    function while it runs, for a generator or async generator function from its first resumption to
-    its end). Nestable and re-entrant: each scope's hook is removed exactly when it leaves, the
-    enclosing ones stay. In ``raise`` mode the :class:`GraphRetentionError` comes out of the
-    ``optimizer.step()`` call, after the step completed.
-
-    Args:
-        every: ``"auto"`` or a positive ``int``, as for :class:`Watcher`.
-        mode: ``"warn"``, ``"raise"``, ``"detach"``, ``"off"``, or ``None`` (the mode in force).
-        ignore: Path prefixes or a predicate, as for :func:`gradguard.audit`.
-        memory: ``True``, ``False`` or a :class:`TriggerSettings`, as for :class:`Watcher`.
-
-    Attributes:
-        watcher: The :class:`Watcher` (its :meth:`~Watcher.summary`, its :meth:`~Watcher.history`).
-
-    Raises:
-        GradGuardError: a bad argument, naming it and what is accepted.
-    """
-
-    def __init__(
-        self,
-        every: int | str = "auto",
-        mode: str | None = None,
-        ignore: Ignore = None,
-        memory: bool | TriggerSettings | None = True,
-    ) -> None:
-        super().__init__(mode=None, engines="none", audit=0)
-        self.watcher = Watcher(every=every, mode=mode, ignore=ignore, memory=memory)
-        self._installs = [_WatchInstall(self.watcher, ("watch", f"#{next(_serial)}"))]
-
-    def __enter__(self) -> watch:
-        super().__enter__()
-        return self
-
-    def __repr__(self) -> str:
-        w = self.watcher
-        return f"gradguard.watch(every={w.every!r}, mode={w.mode!r})"

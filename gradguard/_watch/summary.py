@@ -1,31 +1,22 @@
-"""What the watch says: its warnings and errors, each holder's history, and the end-of-run summary.
+"""The watch's records and its summary: one record per holder (:class:`HolderHistory`), one per watch
+(:class:`WatchFigures`), and one renderer (:func:`summarize`) of the records of one watch or of several.
 
-One record per holder (:class:`HolderHistory`) and one per watch (:class:`WatchFigures`), and one
-renderer of them (:func:`render`), whatever asks: :meth:`gradguard.Watcher.summary`, the summary
-``gradguard run`` prints for a whole command, ``gradguard report``.
+:meth:`gradguard.Watcher.summary` renders its own records; ``gradguard run`` and ``gradguard report``
+render those the processes of a run wrote into their reports, read back into these types. Nothing here
+imports torch: the launcher renders with it. What is said and why: the guide's *Finding a leak*.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+import operator
+from collections.abc import Callable, Sequence
 
 from .._policy import table as _table
-from .._policy.message import display, human, plural
-from .audit import Retention, nodes_text
-from .criterion import Leak
-from .repair import LIVE, PARTLY, Repair
+from .._policy.message import display, human, nodes_text, plural
 
-__all__ = [
-    "BOUNDED",
-    "HolderHistory",
-    "WatchFigures",
-    "named",
-    "raise_message",
-    "render",
-    "unrepaired_message",
-    "warn_message",
-]
+__all__ = ["BOUNDED", "HolderHistory", "WatchFigures", "WatchRecord", "render", "summarize"]
 
 BOUNDED = "bounded"
 """A holder's outcome when its graph was replaced at every step: listed, never acted on."""
@@ -101,69 +92,33 @@ class WatchFigures:
     unexplained: int = 0
     memory: str = ""
 
-
-def named(r: Retention) -> str:
-    """The holder as a message names it: the path of its one tensor, or the holder (``[*]``) of several."""
-    return r.path if r.tensors == 1 else r.holder
-
-
-def _state(leak: Leak) -> str:
-    if all(leak.alive):
-        return "its graph can still be backwarded"
-    if any(leak.alive):
-        return "some of its graphs can still be backwarded"
-    return "its graph is dead: no backward can use it"
-
-
-def _figures(r: Retention, survived: int, ended: str = "") -> str:
-    pinned = (
-        f"{plural(r.tensors, 'tensor')}, {human(r.pinned_bytes)} of tensors and {nodes_text(r.nodes, r.node_bytes)} "
-        "graph nodes pinned"
-    )
-    return pinned if ended else f"{pinned}, alive for {plural(survived, 'step boundary')}"
+    def __add__(self, other: WatchFigures) -> WatchFigures:
+        """Both watches' figures added up (the programs one process ran, the processes of a run); the memory
+        clause is ``other``'s, else this one's."""
+        return WatchFigures(
+            **{
+                f.name: getattr(self, f.name) + getattr(other, f.name)
+                for f in dataclasses.fields(self)
+                if f.name != "memory"
+            },
+            memory=other.memory or self.memory,
+        )
 
 
-def _across(ended: str) -> str:
-    return ended or " across step boundaries"
+@dataclasses.dataclass(frozen=True)
+class WatchRecord:
+    """What one watch did and found: one part of what :func:`summarize` renders.
 
+    Attributes:
+        figures: What it did.
+        holders: Every holder it found, the bounded ones too (their ``outcome`` says which).
+        name: How a summary of several watches names it (a process: ``rank 1/2``, ``pid 4242``); ``""``
+            for a watch summarised on its own.
+    """
 
-def warn_message(leak: Leak, ended: str = "") -> str:
-    """The warning for one leaking holder (``ended``: what ended, for a leak found at a scope's end)."""
-    r = leak.finding.retention
-    return (
-        f"gradguard: {named(r)} keeps an autograd graph{_across(ended)} ({_figures(r, leak.survived, ended)}; "
-        f"{_state(leak)}); fix: {r.fix}"
-    )
-
-
-def unrepaired_message(leak: Leak, done: Repair, ended: str = "") -> str:
-    """The warning for a holder ``detach`` mode left alone, in part or whole."""
-    r = leak.finding.retention
-    if done.outcome == LIVE:
-        what = "still usable for backward: not repaired (detaching it could change a gradient)"
-    elif done.outcome == PARTLY:
-        what = f"repaired in part: {done.released} of {len(leak.leaking)} tensors released; the rest: {done.why}"
-    else:
-        what = f"cannot be repaired in place: it is held through {done.why}"
-    return (
-        f"gradguard: {named(r)} keeps an autograd graph{_across(ended)} ({_figures(r, leak.survived, ended)}); "
-        f"{what}; fix: {r.fix}"
-    )
-
-
-def raise_message(leaks: Sequence[Leak], ended: str = "") -> str:
-    """The :class:`GraphRetentionError` text naming every leaking holder."""
-    total = sum(leak.finding.retention.pinned_bytes for leak in leaks)
-    nodes = sum(leak.finding.retention.node_bytes for leak in leaks)
-    completed = "" if ended else "; the optimizer step itself completed"
-    lines = [
-        f"gradguard: {plural(len(leaks), 'holder')} {'keeps' if len(leaks) == 1 else 'keep'} autograd graphs"
-        f"{_across(ended)} ({human(total)} of tensors and ~{human(nodes)} of graph nodes pinned){completed}:"
-    ]
-    for leak in leaks:
-        r = leak.finding.retention
-        lines.append(f"  {named(r)}: {_figures(r, leak.survived, ended)}; {_state(leak)}; fix: {r.fix}")
-    return "\n".join(lines)
+    figures: WatchFigures
+    holders: Sequence[HolderHistory] = ()
+    name: str = ""
 
 
 def render(
@@ -172,22 +127,92 @@ def render(
     bounded: Sequence[HolderHistory] = (),
     title: str = "gradguard watch",
 ) -> str:
-    """The summary of a watch: what was checked, what was found, and a table of the leaking holders.
+    """The summary of one watch (:meth:`gradguard.Watcher.summary`).
 
-    It says plainly when nothing was checked, how much of the run an all-clear covers, and what is
-    not explained (old graphs no holder was found for, memory growth after the last audit); it never
-    says all is clear while either remains.
+    Args:
+        figures: What it did.
+        history: The holders it found leaking.
+        bounded: The holders it found keeping one step's graph, replaced at every step.
+        title: What the summary's first line starts with.
+
+    Returns:
+        :func:`summarize` of that one watch.
     """
-    f = figures
+    return summarize([WatchRecord(figures, (*history, *bounded))], title=title)
+
+
+@dataclasses.dataclass
+class _Row:
+    """One holder across the watches that found it: ``found`` is ``(watch index, its record)`` each."""
+
+    holder: str
+    found: list[tuple[int, HolderHistory]]
+
+    @property
+    def bounded(self) -> bool:
+        return all(h.outcome == BOUNDED for _, h in self.found)
+
+    @property
+    def name(self) -> str:
+        return display(self.found[0][1].path if len(self.found) == 1 else self.holder)
+
+    def most(self, field: str) -> int:
+        return max(getattr(h, field) for _, h in self.found)
+
+    def total(self, field: str) -> int:
+        return sum(getattr(h, field) for _, h in self.found)
+
+    def outcome(self) -> str:
+        text = ", ".join(sorted({h.outcome for _, h in self.found}))
+        released = self.total("released_bytes")
+        return f"{text} ({human(released)} back)" if released else text
+
+
+def summarize(
+    watches: Sequence[WatchRecord],
+    *,
+    title: str = "gradguard watch",
+    who: Callable[[Sequence[int]], str] | None = None,
+) -> str:
+    """The summary of one watch, or of several (the processes of one run): what was checked, what was found,
+    and a table of the leaking holders.
+
+    It says plainly when nothing was checked, how much of the run an all-clear covers, and what is not
+    explained (old graphs no holder was found for, memory growth no holder accounts for, a watch that
+    stepped but never audited); it never says all is clear while one of these remains. Several watches,
+    or one with a name, are named: the head counts them, and each holder's row says which found it.
+
+    Args:
+        watches: The records of each watch.
+        title: What the first line starts with.
+        who: The text naming the watches of the given indices in a holder's row (``ranks 0-3 of 4``);
+            by default their names, joined.
+
+    Returns:
+        The summary: one line, followed by a table when holders kept graphs.
+    """
+    several = len(watches) > 1 or any(w.name for w in watches)
+    f = functools.reduce(operator.add, [w.figures for w in watches])
+    where = f" in {plural(len(watches), 'process')}" if several else ""
     if not f.boundaries:
-        return f"{title}: no optimizer step was seen: nothing was checked"
-    share = f" ({100 * f.seconds / f.elapsed:.2f}% of the time since the first)" if f.elapsed > 0 and f.seconds else ""
+        return f"{title}: no optimizer step was seen{where}: nothing was checked"
+    where = f",{where}" if where else ""
+    since = "their time since the first" if len(watches) > 1 else "the time since the first"
+    share = f" ({100 * f.seconds / f.elapsed:.2f}% of {since})" if f.elapsed > 0 and f.seconds else ""
     asked = f", {f.memory_audits} of them for memory growth" if f.memory_audits else ""
-    head = f"{title}: {plural(f.boundaries, 'step boundary')}, {f.audits} audited{asked}{share}"
+    head = f"{title}: {plural(f.boundaries, 'step boundary')}, {f.audits} audited{asked}{where}{share}"
+    memory = _memory(watches)
     if not f.audits:
-        return f"{head}: no audit ran, nothing was checked{_clause(f.memory)}"
-    leaks = [e for e in history if e.outcome != BOUNDED]
-    tail = _unexplained(f) + _bounded(bounded) + _clause(f.memory)
+        return f"{head}: no audit ran, nothing was checked{_clause(memory)}"
+    rows = _rows(watches)
+    leaks = [row for row in rows if not row.bounded]
+    unaudited = [w.name for w in watches if several and w.figures.boundaries and not w.figures.audits]
+    tail = (
+        _unexplained(watches, several)
+        + _bounded([row for row in rows if row.bounded])
+        + _clause(memory)
+        + (f"; not audited, so not checked: {', '.join(unaudited)}" if unaudited else "")
+    )
     if not leaks:
         followed = (
             f" (between audits, {plural(f.stamped, 'graph node')} stamped at backwards and audits were followed)"
@@ -197,48 +222,90 @@ def render(
         if f.unexplained:
             return f"{head}; no holder was found keeping a graph{followed}{tail}"
         return f"{head}; no autograd graph outlived two step boundaries{followed}{tail}"
-    total = sum(e.pinned_bytes for e in leaks)
-    nodes = sum(e.node_bytes for e in leaks)
-    released = sum(e.released_bytes for e in leaks)
+    released = sum(row.total("released_bytes") for row in leaks)
     if released:
         tail = f"; the repairs gave back {human(released)} of memory (measured){tail}"
-    rows = [
-        (
-            display(e.path),
-            str(e.tensors),
-            human(e.pinned_bytes),
-            nodes_text(e.nodes, e.node_bytes),
-            str(e.survived),
-            f"{e.outcome} ({human(e.released_bytes)} back)" if e.released_bytes else e.outcome,
-            display(e.fix),
-        )
-        for e in leaks
-    ]
-    header = ("holder", "tensors", "pinned", "nodes", "steps survived", "outcome", "fix")
-    return (
-        f"{head}; {plural(len(leaks), 'holder')} kept autograd graphs across step boundaries "
-        f"({human(total)} of tensors and ~{human(nodes)} of graph nodes pinned at their last audit){tail}:\n"
-        f"{_table.text(header, rows)}"
+    total = sum(row.total("pinned_bytes") for row in leaks)
+    nodes = sum(row.total("node_bytes") for row in leaks)
+    found_in = {i for row in leaks for i, _ in row.found}
+    in_processes = f" in {plural(len(found_in), 'process')}" if several else ""
+    verdict = (
+        f"{head}; {plural(len(leaks), 'holder')} kept autograd graphs across step boundaries{in_processes} "
+        f"({human(total)} of tensors and ~{human(nodes)} of graph nodes pinned at their last audit){tail}:"
     )
+    return f"{verdict}\n{_table_of(leaks, watches, several, who)}"
+
+
+def _table_of(
+    rows: Sequence[_Row], watches: Sequence[WatchRecord], several: bool, who: Callable[[Sequence[int]], str] | None
+) -> str:
+    if not several:
+        header: tuple[str, ...] = ("holder", "tensors", "pinned", "nodes", "steps survived", "outcome", "fix")
+        body: list[tuple[str, ...]] = [
+            (row.name, str(row.most("tensors")), human(row.total("pinned_bytes")), _nodes(row),
+             str(row.most("survived")), row.outcome(), display(row.found[0][1].fix))
+            for row in rows
+        ]  # fmt: skip
+        return _table.text(header, body)
+    if who is None:
+        names = [w.name for w in watches]
+
+        def who(indices: Sequence[int]) -> str:
+            return ", ".join(names[i] for i in indices)
+
+    header = ("holder", "processes", "tensors", "pinned (max)", "pinned (sum)", "nodes", "steps survived", "outcome",
+              "fix")  # fmt: skip
+    body = [
+        (row.name, who([i for i, _ in row.found]), str(row.most("tensors")), human(row.most("pinned_bytes")),
+         human(row.total("pinned_bytes")), _nodes(row), str(row.most("survived")), row.outcome(),
+         display(row.found[0][1].fix))
+        for row in rows
+    ]  # fmt: skip
+    return _table.text(header, body)
+
+
+def _nodes(row: _Row) -> str:
+    return nodes_text(row.most("nodes"), row.most("node_bytes"))
+
+
+def _rows(watches: Sequence[WatchRecord]) -> list[_Row]:
+    """The holders, each once across the watches, most pinned bytes first."""
+    rows: dict[str, _Row] = {}
+    for i, w in enumerate(watches):
+        for h in w.holders:
+            rows.setdefault(h.holder, _Row(h.holder, [])).found.append((i, h))
+    return sorted(rows.values(), key=lambda row: (-row.total("pinned_bytes"), row.holder))
 
 
 def _clause(text: str) -> str:
     return f"; {text}" if text else ""
 
 
-def _unexplained(f: WatchFigures) -> str:
-    if not f.unexplained:
+def _memory(watches: Sequence[WatchRecord]) -> str:
+    """What the memory figures did: each watch's clause, named when several said different things."""
+    said = [(w.name, w.figures.memory) for w in watches if w.figures.memory]
+    if len({text for _, text in said}) <= 1:
+        return said[0][1] if said else ""
+    return "; ".join(f"in {name}: {text}" if name else text for name, text in said)
+
+
+def _unexplained(watches: Sequence[WatchRecord], several: bool) -> str:
+    count = sum(w.figures.unexplained for w in watches)
+    if not count:
         return ""
+    where = ""
+    if several:
+        where = " in " + ", ".join(w.name for w in watches if w.figures.unexplained)
     return (
-        f"; NOT EXPLAINED: {plural(f.unexplained, 'graph')} older than two step boundaries "
-        f"{'is' if f.unexplained == 1 else 'are'} alive that no holder was found for (garbage not collected "
+        f"; NOT EXPLAINED{where}: {plural(count, 'graph')} older than two step boundaries "
+        f"{'is' if count == 1 else 'are'} alive that no holder was found for (garbage not collected "
         "yet, a graph node held directly, or C++ code)"
     )
 
 
-def _bounded(entries: Sequence[HolderHistory]) -> str:
-    if not entries:
+def _bounded(rows: Sequence[_Row]) -> str:
+    if not rows:
         return ""
-    shown = ", ".join(f"{display(e.path)} ({human(e.pinned_bytes + e.node_bytes)})" for e in entries[:3])
-    more = f" and {len(entries) - 3} more" if len(entries) > 3 else ""
+    shown = ", ".join(f"{row.name} ({human(row.most('pinned_bytes') + row.most('node_bytes'))})" for row in rows[:3])
+    more = f" and {len(rows) - 3} more" if len(rows) > 3 else ""
     return f"; bounded, not acted on (one step's graph, replaced every step): {shown}{more}"

@@ -13,18 +13,13 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
-from .._errors import GradGuardError
 from .._policy.message import human
+from .._policy.validate import number, whole
 
 __all__ = ["RESIDENT_FLOOR", "Request", "Trigger", "TriggerSettings"]
 
 RESIDENT_FLOOR = 16 * 1024 * 1024
 """``floor`` for a CPU figure that is the resident set (``AllocatedReader.cpu_source == "statm"``)."""
-
-
-def _positive_int(name: str, value: object, accepted: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise GradGuardError(f"TriggerSettings({name}={value!r}) is not accepted; accepted: {accepted}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,21 +49,15 @@ class TriggerSettings:
     backoff: float = 2.0
 
     def __post_init__(self) -> None:
-        _positive_int("floor", self.floor, "a whole number of bytes >= 1")
-        _positive_int("window", self.window, "a whole number of boundaries >= 1")
-        _positive_int("boundaries", self.boundaries, "a whole number of boundaries >= 1")
-        if not _real(self.fraction) or not 0 <= self.fraction < 1:
-            raise GradGuardError(
-                f"TriggerSettings(fraction={self.fraction!r}) is not accepted; accepted: a number >= 0 and < 1"
-            )
-        if not _real(self.backoff) or self.backoff < 1:
-            raise GradGuardError(
-                f"TriggerSettings(backoff={self.backoff!r}) is not accepted; accepted: a number >= 1 (1: no back-off)"
-            )
-
-
-def _real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        within = "TriggerSettings"
+        whole(self.floor, what="floor", least=1, accepted="a whole number of bytes >= 1", within=within, text=False)
+        for name in ("window", "boundaries"):
+            whole(getattr(self, name), what=name, least=1, accepted="a whole number of boundaries >= 1",
+                  within=within, text=False)  # fmt: skip
+        number(self.fraction, what="fraction", accepted="a number >= 0 and < 1", within=within,
+               ok=lambda x: 0 <= x < 1, text=False)  # fmt: skip
+        number(self.backoff, what="backoff", accepted="a number >= 1 (1: no back-off)", within=within,
+               ok=lambda x: x >= 1, text=False)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,20 +37,12 @@ from . import backwards
 from .allocated import in_use
 from .audit import Ignore, RetentionReport, check_ignore, scan_lock, scan_tensors
 from .criterion import Leak, ages, judge
+from .messages import named, raise_message, unrepaired_message, warn_message
 from .options import Every, parse_every, parse_memory
 from .recipes import Recipe
 from .repair import REPAIRED, repair
 from .schedule import Reason, Schedule
-from .summary import (
-    BOUNDED,
-    HolderHistory,
-    WatchFigures,
-    named,
-    raise_message,
-    render,
-    unrepaired_message,
-    warn_message,
-)
+from .summary import BOUNDED, HolderHistory, WatchFigures, render
 from .threads import Held, ThreadState, stamp_backward
 from .trigger import TriggerSettings
 

@@ -21,12 +21,12 @@ from types import ModuleType
 from typing import Any
 
 from .._boundary.publish import publish
+from .._guards import patch as _patch
 from .._guards.arguments import MISSING, Argument
 from .._guards.contract import LossCheck
 from .._guards.results import guard_loss_func
 from .._guards.store import guard_in_place
 from .._policy.modes import DETACH, OFF, resolve
-from . import _patch
 from ._adapter import Adapter
 
 __all__ = ["ADAPTER", "STORE_NAME", "configure"]

@@ -16,8 +16,8 @@ from types import ModuleType
 from typing import Any
 
 from .._boundary.publish import publish, publish_many
+from .._guards import patch as _patch
 from .._policy.modes import DETACH, OFF, resolve
-from . import _patch
 from ._adapter import Adapter
 
 __all__ = ["ADAPTER"]

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
+from .._guards import patch as _patch
 from .._guards.arguments import MISSING, Argument
 from .._guards.contract import LossCheck
 from .._guards.results import Labels, guard_result
-from . import _patch
 from ._adapter import Adapter
 
 __all__ = ["ADAPTER"]

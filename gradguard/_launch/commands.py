@@ -14,10 +14,16 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import GradGuardError
-from ._settings import AUDIT_ENV, PARENT, REPORT_DIR, RUN_ID, Every, check_run_id, given, parse_audit
+from .._policy import validate
+from .._policy.validate import Every
+from ._settings import AUDIT_ENV, PARENT, REPORT_DIR, RUN_ID, check_run_id, given
+
+if TYPE_CHECKING:
+    from ._merge import Merged
+    from ._report import Record
 
 __all__ = ["RUN_USAGE", "env", "report", "run", "settings_options"]
 
@@ -98,9 +104,9 @@ def _settings(args: argparse.Namespace, prog: str) -> tuple[str | None, Every | 
         get_mode()  # a bad GRADGUARD is refused before anything starts
         mode = None if args.mode is None else normalize_mode(args.mode, what="--mode")
         if args.audit_every is not None:
-            every = parse_audit(args.audit_every, what="--audit-every")
+            every = validate.audit(args.audit_every, what="--audit-every")
         else:
-            every = parse_audit(given(os.environ, AUDIT_ENV) or "auto", what=AUDIT_ENV)
+            every = validate.audit(given(os.environ, AUDIT_ENV) or "auto", what=AUDIT_ENV)
     except GradGuardError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return None
@@ -171,6 +177,9 @@ def _unreachable(found: list[str]) -> str | None:
     return "the command's Python " + " and ".join(_PYTHON_FLAGS[f] for f in found) + ": the bootstrap cannot reach it"
 
 
+_REPORT_DIR_ACCEPTED = "a new or empty folder (created if missing), or --report-dir left out for a new temporary folder"
+
+
 def _report_dir(given_dir: str | None, prog: str) -> str | None:
     """The run folder: ``given_dir`` (created if missing; refused when it holds an earlier run's reports, so
     that a folder holds one run) or a new temporary folder; ``None`` after saying what is wrong. Runs
@@ -179,28 +188,29 @@ def _report_dir(given_dir: str | None, prog: str) -> str | None:
 
     if given_dir is None:
         return tempfile.mkdtemp(prefix="gradguard-run-")
-    if not given_dir.strip():
-        print(f"{prog}: --report-dir={given_dir!r} (an empty value) is not accepted; give a folder path (new, or one "
-              "runs share), or leave --report-dir out for a new temporary folder", file=sys.stderr)  # fmt: skip
-        return None
+    wrong = None
     folder = os.path.abspath(given_dir)
-    if os.path.exists(folder) and not os.path.isdir(folder):
-        print(f"{prog}: --report-dir {given_dir!r} is a file; give a folder", file=sys.stderr)
-        return None
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as exc:
-        print(f"{prog}: --report-dir {given_dir!r} cannot be created ({exc}); give a writable folder", file=sys.stderr)
-        return None
-    if not os.access(folder, os.W_OK):
-        print(f"{prog}: --report-dir {given_dir!r} is not writable; give a writable folder", file=sys.stderr)
-        return None
-    from ._names import runs_in
+    if not given_dir.strip():
+        wrong = "is not accepted"
+    elif os.path.exists(folder) and not os.path.isdir(folder):
+        wrong = "is a file"
+    else:
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:
+            wrong = f"cannot be created ({exc})"
+    if wrong is None and not os.access(folder, os.W_OK):
+        wrong = "is not writable"
+    if wrong is None:
+        from ._names import runs_in
 
-    earlier = sum(runs_in(folder).values())
-    if earlier:
-        print(f"{prog}: --report-dir {given_dir!r} already holds {earlier} report(s) of an earlier run; give a new "
-              "or empty folder (merge the earlier run with gradguard report)", file=sys.stderr)  # fmt: skip
+        earlier = sum(runs_in(folder).values())
+        if earlier:
+            wrong = f"already holds {earlier} report(s) of an earlier run (merge that run with gradguard report)"
+    if wrong is not None:
+        print(
+            f"{prog}: {validate.refusal('--report-dir', given_dir, _REPORT_DIR_ACCEPTED, said=wrong)}", file=sys.stderr
+        )
         return None
     return folder
 
@@ -259,7 +269,7 @@ def _retire() -> None:
         process.retire()
 
 
-def _leave_a_record(folder: str, run_id: str, code: int, merged: Any) -> None:
+def _leave_a_record(folder: str, run_id: str, code: int, merged: Merged) -> None:
     """Inside another run (its folder in this process's environment): the record of this nested run."""
     outer = given(os.environ, REPORT_DIR)
     if outer is None or os.path.abspath(outer) == folder:
@@ -281,7 +291,7 @@ def _leave_a_record(folder: str, run_id: str, code: int, merged: Any) -> None:
     )  # fmt: skip
     try:
         os.makedirs(outer, exist_ok=True)
-        write(os.path.join(outer, file_name(record["run"], HOST, os.getpid())), record)
+        write(os.path.join(outer, file_name(record.run, HOST, os.getpid())), record)
     except OSError as exc:
         print(f"gradguard run: the record of this run was not left in the outer run's folder {outer!r}: {exc}",
               file=sys.stderr)  # fmt: skip
@@ -424,13 +434,13 @@ def report(folder: str, run_id: str | None) -> int:
             print(f"gradguard report: {exc}", file=sys.stderr)
             return 2
     found = read_run(folder, run_id)
-    runs: dict[str, list[dict[str, Any]]] = {}
+    runs: dict[str, list[Record]] = {}
     for r in found.reports:
-        runs.setdefault(r["run"], []).append(r)
+        runs.setdefault(r.run, []).append(r)
     if len(runs) > 1:
         listed = []
-        for name, reports in sorted(runs.items(), key=lambda kv: -max(r["written"] for r in kv[1])):
-            last = datetime.datetime.fromtimestamp(max(r["written"] for r in reports)).strftime("%Y-%m-%d %H:%M:%S")
+        for name, reports in sorted(runs.items(), key=lambda kv: -max(r.written for r in kv[1])):
+            last = datetime.datetime.fromtimestamp(max(r.written for r in reports)).strftime("%Y-%m-%d %H:%M:%S")
             listed.append(f"{name or '(no run id)'}: {len(reports)} report(s), the last written {last}")
         print(f"gradguard report: {folder!r} holds the reports of {len(runs)} runs; give one with --run ID:\n  "
               + "\n  ".join(listed), file=sys.stderr)  # fmt: skip
