@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import Any
 
-from .._guards.wrapper import Wrapper, function_wrapper
+from .wrapper import Wrapper, function_wrapper
 
 __all__ = ["install", "installed", "is_installed", "uninstall"]
 
