@@ -13,16 +13,14 @@ Each scenario runs twice, each run in a fresh process: clean for ``--steps`` ste
 step ``--leak-start`` on leaking ``--leak-bytes`` per step (:class:`gradguard._tools.bench.late_leak.LateLeak`:
 the trainer keeps each step's backwarded loss, whose dead graph pins a fresh leaf and its gradient).
 
-The figures are replayed through the trigger (:mod:`gradguard._watch.trigger`: its default settings for glibc's
-figure, ``floor=RESIDENT_FLOOR`` for the resident set) with a
-model of the watch around it: the backstop audits the first two boundaries only (a real backstop
-audits more, and every audit re-bases the trigger, so this is the harder case), an audit *finds* the
-leak once the leak's graph was alive at the previous audit (object state) or has survived two
-boundaries since it was first seen (a frame's variable), and in ``warn`` mode the same leak found
-again is not new. Reported per scenario: the audits the trigger asks for on the clean run, the
-boundary it asks for the first on the leaking run and where each holder kind is reported, the
-audits it asks for over the rest of the leaking run (back-off), the noise of each figure, and the
-cost of a reading.
+The figures are replayed through the trigger (:mod:`gradguard._watch.trigger`: its default settings for
+glibc's figure, ``floor=RESIDENT_FLOOR`` for the resident set) with a model of the watch around it: the
+start-up check audits the first boundary, every request is audited (the watch holds those to a share
+of the wall time), an audit stamps what it sees, so the leak is found two boundaries after the audit
+that first saw it, and in ``warn`` mode the same leak found again is not new. Reported per scenario:
+the audits the trigger asks for on the clean run, the boundary it asks for the first on the leaking run
+and where the leak is reported, the audits it asks for over the rest of the leaking run (back-off),
+the noise of each figure, and the cost of a reading.
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ if not __package__:  # `python benchmarks/trigger.py`: import from the repositor
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import argparse  # noqa: E402
-import ctypes  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import shlex  # noqa: E402
@@ -51,20 +48,13 @@ from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E40
 from gradguard._tools.bench.late_leak import LateLeak  # noqa: E402
 from gradguard._tools.bench.machine import measuring  # noqa: E402
 from gradguard._tools.bench.report import write_json  # noqa: E402
-from gradguard._watch.allocated import AllocatedReader, _Mallinfo2, mallinfo2_reader, statm_reader  # noqa: E402
+from gradguard._watch.allocated import AllocatedReader, mallinfo2_reader, statm_reader  # noqa: E402
+from gradguard._watch.allocated import mallinfo2 as whole_mallinfo2  # noqa: E402
 from gradguard._watch.trigger import RESIDENT_FLOOR, Trigger, TriggerSettings  # noqa: E402
 
 __all__ = ["main", "record"]
 
 SCENARIOS = ("pp-last-stage", "lora-checkpoint", "megatron-gpt")
-
-
-def _mallinfo2() -> _Mallinfo2:
-    """glibc's whole ``struct mallinfo2`` (for the count of free chunks its walk visits)."""
-    function = ctypes.CDLL(None).mallinfo2
-    function.restype = _Mallinfo2
-    result: _Mallinfo2 = function()
-    return result
 
 
 def _unavailable(name: str) -> str | None:
@@ -95,8 +85,8 @@ def record(name: str, steps: int, micro_batches: int, leak_start: int | None, le
             series[f"{key}_ns"].append(clock() - t0)
             if key != "reader":
                 series[key].append(value)  # type: ignore[arg-type]
-        info = _mallinfo2()
-        series["free_chunks"].append(int(info.ordblks + info.smblks))
+        info = whole_mallinfo2()
+        series["free_chunks"].append(0 if info is None else int(info.ordblks + info.smblks))
 
     handle = register_optimizer_step_post_hook(at_boundary)
     start = time.perf_counter()
@@ -116,30 +106,26 @@ def record(name: str, steps: int, micro_batches: int, leak_start: int | None, le
 
 
 def replay(
-    figures: Sequence[int],
-    leak_start: int | None = None,
-    holder: str = "state",
-    settings: TriggerSettings | None = None,
+    figures: Sequence[int], leak_start: int | None = None, settings: TriggerSettings | None = None
 ) -> dict[str, Any]:
-    """The trigger's requests over one series of CPU figures (boundary ``b`` is ``figures[b - 1]``),
-    with the model of the watch of the module documentation; ``holder``: ``"state"`` or ``"frame"``."""
+    """The trigger's requests over one series of CPU figures (boundary ``b`` is ``figures[b - 1]``), with
+    the model of the watch of the module documentation."""
     trigger = Trigger(settings or TriggerSettings())
-    requested: list[tuple[int, str]] = []
+    requested: list[int] = []
     audited: list[int] = []
     reported: int | None = None
-    seen_at: int | None = None  # the first audit that saw the leak's graph alive
+    seen_at: int | None = None  # the first audit that saw the leak's graph alive (and stamped it)
     for b, figure in enumerate(figures, start=1):
         request = trigger.observe({"cpu": figure})
-        backstop = b <= 2
         if request is not None:
-            requested.append((b, request.reason))
-        if not (backstop or request is not None):
+            requested.append(b)
+        if not (b == 1 or request is not None or (seen_at is not None and b == seen_at + 2)):
             continue
         new = False
         if leak_start is not None and b >= leak_start:
             if seen_at is None:
                 seen_at = b
-            elif reported is None and b - seen_at >= (2 if holder == "frame" else 1):
+            elif reported is None and b >= seen_at + 2:
                 reported, new = b, True
         audited.append(b)
         trigger.audited(new)
@@ -147,7 +133,7 @@ def replay(
         "requested": requested,
         "audits": audited,
         "reported": reported,
-        "first_request": next((b for b, _ in requested if leak_start is None or b >= leak_start), None),
+        "first_request": next((b for b in requested if leak_start is None or b >= leak_start), None),
     }
 
 
@@ -180,8 +166,7 @@ def summarize(name: str, clean: dict[str, Any], leaky: dict[str, Any], leak_star
     out: dict[str, Any] = {"scenario": name, "step_ms": clean["step_ms"], "reader": clean["reader"]}
     for figure, settings in (("mallinfo2", TriggerSettings()), ("statm", TriggerSettings(floor=RESIDENT_FLOOR))):
         c, leak = clean["series"][figure], leaky["series"][figure]
-        state = replay(leak, leak_start, "state", settings)
-        frame = replay(leak, leak_start, "frame", settings)
+        leaking = replay(leak, leak_start, settings)
         requests = replay(c, settings=settings)["requested"]
         out[figure] = {
             "floor": settings.floor,
@@ -189,11 +174,10 @@ def summarize(name: str, clean: dict[str, Any], leaky: dict[str, Any], leak_star
             "clean_requests": requests,
             "clean_requests_per_1000_steps": 1000 * len(requests) / len(c),
             "leak_growth_per_step": statistics.median(b - a for a, b in zip(leak[leak_start:], leak[leak_start + 1 :])),
-            "leak_first_request": state["first_request"],
-            "leak_reported_state": state["reported"],
-            "leak_reported_frame": frame["reported"],
-            "leak_requests": len(state["requested"]),
-            "leak_request_boundaries": [b for b, _ in state["requested"]],
+            "leak_first_request": leaking["first_request"],
+            "leak_reported": leaking["reported"],
+            "leak_requests": len(leaking["requested"]),
+            "leak_request_boundaries": leaking["requested"],
         }
     out["cost"] = {"clean": _costs(clean["series"]), "leaking_last_100": _costs(leaky["series"], last=100)}
     return out
@@ -240,7 +224,7 @@ def markdown(doc: dict[str, Any]) -> str:
             f"## {title}, floor {floor // 1024:,} KiB",
             "",
             f"| scenario | step | clean: most above the low-water mark | clean: requests in {steps} steps | leak: "
-            f"growth per step | leak from step {leak}: first request | reported (state / variable) | "
+            f"growth per step | leak from step {leak}: first request | reported | "
             "leak: requests in all |",
             "|" + " --- |" * 8,
         ]
@@ -249,7 +233,7 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(
                 f"| {e['scenario']} | {e['step_ms']:.1f} ms | {m['noise']['over_low_water_max'] / 1024:,.1f} KiB "
                 f"| {len(m['clean_requests'])} | {m['leak_growth_per_step'] / 1024:,.1f} KiB | "
-                f"{m['leak_first_request']} | {m['leak_reported_state']} / {m['leak_reported_frame']} | "
+                f"{m['leak_first_request']} | {m['leak_reported']} | "
                 f"{m['leak_requests']} |"
             )
         lines.append("")
@@ -354,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"  {entry['scenario']}: step {entry['step_ms']:.1f} ms; clean: {len(m['clean_requests'])} requests; "
             f"leak from {runs['settings']['leak_start']}: first request {m['leak_first_request']}, reported "
-            f"{m['leak_reported_state']} (state) / {m['leak_reported_frame']} (frame), {m['leak_requests']} "
+            f"{m['leak_reported']}, {m['leak_requests']} "
             f"requests in all; a reading {entry['cost']['clean']['mallinfo2_first']['median_us']:.1f} µs "
             "first after a step",
             flush=True,

@@ -1,23 +1,29 @@
-"""The step-boundary watch's cost per audited step, and its share of step time at the default ``every``.
+"""The watch under its defaults: when each kind of leak is reported, what ``detach`` does to memory, and
+what a clean run pays.
 
-``python -m benchmarks.watch [--json PATH] [--md PATH]`` (from the repository root). For each of
-``gradguard bench``'s scenarios (CPU, default size, torch on one thread), a *training step* is
-``--micro-batches`` micro-batches of the scenario's guarded step (the records kept in the step's store,
-emptied when the step ends, as the engines do) and one ``optimizer.step()``: the step boundary.
+``python -m benchmarks.watch [--device cpu|cuda] [--quick] [--json PATH] [--md PATH] [--plot PATH]`` (from
+the repository root). Every run is ``gradguard.watch()`` with no argument but the mode: ``every="auto"``.
 
-* *every=1*: interleaved rounds of one step without the watch and one step inside
-  ``gradguard.watch(every=1, mode="warn")`` (order alternating; one watcher across the rounds, so
-  every audit after the first compares with the previous one). The cost per audited step is the
-  median of the within-round differences; the watcher's own measurement of its audits is reported
-  beside it.
-* *every="auto" on time alone*: ``--auto-seconds`` of steps inside ``gradguard.watch(memory=False)``
-  (the schedule where no memory figure can be read); the share is the audits' time over the run's
-  wall time, in total and after the first two boundaries (which that schedule always audits), with
-  how many audits ran. The default, with the memory trigger, is measured by ``gradguard bench
-  --late-leak`` (a clean run's share, and a leak that starts late).
+Leaks (each run twice in one process: unwatched, then inside ``watch(mode="detach")``):
 
-The loops are clean, so every audit finds nothing to act on: what is measured is the search.
-Its cost grows with the number of live objects in the process, reported per scenario.
+* ``late/<scenario>``: ``gradguard bench``'s scenarios (4 micro-batches and ``optimizer.step()`` a step)
+  that keep, from step ``--late-start``, each step's backwarded loss with a fresh 128 KiB leaf and its
+  gradient (256 KiB a step, object state);
+* ``fast/eval-forward``: a step of about a millisecond (an MLP, 128 wide, batch 64, Adam) that keeps,
+  from step ``--fast-start``, an evaluation forward run without ``no_grad`` (its saved activations);
+* ``growth-then-leak``: the fast step filling a detached replay buffer (32 KiB a step) until step 300,
+  then keeping an evaluation forward from step 400;
+* ``short-6`` and ``short-30``: a trainer that adds each loss to ``self.running['epoch_loss']`` (6 steps),
+  and one that adds each step's squared error, graph included, to a metric's state (30 steps), from step 1.
+
+Clean runs (watched and unwatched, the same steps): ``fast/clean`` and ``late/<scenario>`` clean, and
+``sawtooth`` (the fast step filling a detached buffer for 50 steps, then clearing it).
+
+Figures: the boundary each leak was reported at; the bytes in use after each step (glibc's in-use bytes
+on CPU, CUDA's allocated bytes), unwatched and under ``detach``; for clean runs the watch's share of the
+wall time after the start-up check (its audits and memory readings, by its own accounting), its own
+microseconds per boundary (its code at boundaries and backwards, timed from inside, audits excluded),
+heap searches per 1000 steps, and the wall time against the unwatched run.
 """
 
 from __future__ import annotations
@@ -29,124 +35,475 @@ if not __package__:  # `python benchmarks/watch.py`: import from the repository 
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import gc  # noqa: E402
 import shlex  # noqa: E402
-import statistics  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable, Sequence  # noqa: E402
+import types  # noqa: E402
+from collections.abc import Callable, Iterator, Sequence  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
 import gradguard  # noqa: E402
 from gradguard._policy import table as _table  # noqa: E402
+from gradguard._tools.bench.late_leak import LateLeak  # noqa: E402
 from gradguard._tools.bench.machine import measuring  # noqa: E402
 from gradguard._tools.bench.report import write_json  # noqa: E402
-from gradguard._tools.bench.scenarios import Size, build  # noqa: E402
+from gradguard._tools.bench.scenarios import Size  # noqa: E402
+from gradguard._watch import watcher as _watcher  # noqa: E402
+from gradguard._watch.allocated import AllocatedReader  # noqa: E402
 
-__all__ = ["main", "measure"]
+__all__ = ["main"]
 
 SCENARIOS = ("pp-last-stage", "lora-checkpoint", "megatron-gpt")
-TARGET_SHARE = 0.01
+PROGRAM = types.ModuleType("gradguard_watch_benchmark", "the training script of the benchmark's runs")
+sys.modules[PROGRAM.__name__] = PROGRAM  # what the runs keep lives here: the program's state, not gradguard's
 
 
-def _trainer(name: str, micro_batches: int) -> tuple[Callable[[], None], Any]:
-    """One training step of scenario ``name`` (its guarded path) and a context it must run in."""
-    scenario = build(name, torch.device("cpu"), Size())
-    params = [p for p in scenario.model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=1e-4)
-    counter = [0]
-    scope = gradguard.enforce(mode="detach", engines=list(scenario.engines) or "none", audit=0)
-
-    def step() -> None:
-        if scenario.run is not None:
-            scenario.run(micro_batches, True, lambda: None)
-        else:
-            store = scenario.new_store(True)
-            for _ in range(micro_batches):
-                scenario.step(counter[0], store, True)
-                counter[0] += 1
-            del store
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step, scope
+# --------------------------------------------------------------------------------------------------
+# What is measured around the watch
+# --------------------------------------------------------------------------------------------------
 
 
-def _timed(step: Callable[[], None]) -> float:
-    start = time.perf_counter()
-    step()
-    return time.perf_counter() - start
+class Own:
+    """The watch's own time at boundaries and backwards, timed from inside (its methods wrapped), audits
+    excluded (their time is the watcher's ``audit_seconds``)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._originals: list[tuple[str, Any]] = []
+
+    def __enter__(self) -> Own:
+        for name in ("_boundary", "_on_backward"):
+            original = getattr(_watcher.Watcher, name)
+            self._originals.append((name, original))
+
+            def timed(watcher: Any, *args: Any, _original: Any = original) -> Any:
+                start = time.perf_counter()
+                try:
+                    return _original(watcher, *args)
+                finally:
+                    self.seconds += time.perf_counter() - start
+
+            setattr(_watcher.Watcher, name, timed)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name, original in self._originals:
+            setattr(_watcher.Watcher, name, original)
 
 
-def measure(
-    name: str, micro_batches: int, rounds: int, auto_seconds: float, say: Callable[[str], None]
+class Memory:
+    """The bytes in use on the run's device after each step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.read = AllocatedReader(cpu="mallinfo2" if device.type == "cpu" else "off", cuda=device.type == "cuda")
+        self.key = "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
+        self.device = device
+
+    def __call__(self) -> int:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return self.read().get(self.key, 0)
+
+
+# --------------------------------------------------------------------------------------------------
+# The training loops
+# --------------------------------------------------------------------------------------------------
+
+
+class Fast:
+    """The fast step: an MLP 128 wide, batch 64, Adam; what the program keeps lives in ``state``."""
+
+    def __init__(self, device: torch.device, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.device = device
+        self.model = nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 1)).to(device)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3)
+        self.state = types.SimpleNamespace(kept=[], buffer=[], running={"epoch_loss": 0.0}, total=0.0)
+        self.name = f"run{id(self)}"
+        vars(PROGRAM)[self.name] = self.state
+
+    def step(self, extra: Callable[[Fast, int, torch.Tensor, torch.Tensor], None], number: int) -> None:
+        x = torch.randn(64, 128, device=self.device)
+        out = self.model(x)
+        loss = out.pow(2).mean()
+        loss.backward()
+        extra(self, number, loss, out)
+        self.opt.step()
+        self.opt.zero_grad()
+
+    def close(self) -> None:
+        vars(PROGRAM).pop(self.name, None)
+
+
+def _eval_forward(run: Fast) -> None:
+    run.state.kept.append(run.model(torch.randn(64, 128, device=run.device)))  # no torch.no_grad(): the bug
+
+
+LEAKS: dict[str, Callable[[Fast, int, torch.Tensor, torch.Tensor], None]] = {}
+
+
+def _leak(name: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    def register(fn: Callable[..., None]) -> Callable[..., None]:
+        LEAKS[name] = fn
+        return fn
+
+    return register
+
+
+@_leak("clean")
+def _clean(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None:
+    pass
+
+
+@_leak("eval-forward")
+def _eval_from(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None:
+    if step >= run.start:  # type: ignore[attr-defined]
+        _eval_forward(run)
+
+
+@_leak("growth-then-leak")
+def _growth_then_leak(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None:
+    if step <= 300:
+        run.state.buffer.append(torch.randn(64, 128, device=run.device))  # detached: legitimate growth
+    if step >= run.start:  # type: ignore[attr-defined]
+        _eval_forward(run)
+
+
+@_leak("sawtooth")
+def _sawtooth(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None:
+    run.state.buffer.append(torch.randn(64, 128, device=run.device))
+    if step % 50 == 0:
+        run.state.buffer.clear()
+
+
+@_leak("running-loss")
+def _running_loss(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None:
+    run.state.running["epoch_loss"] += loss  # the bug: the loss with its graph
+
+
+@_leak("metric")
+def _metric(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None:
+    run.state.total = run.state.total + (out - 1).pow(2).sum()  # the bug: the output's graph, every step
+
+
+# --------------------------------------------------------------------------------------------------
+# One run
+# --------------------------------------------------------------------------------------------------
+
+
+def _fast_run(device: torch.device, leak: str, steps: int, start: int, watched: bool) -> dict[str, Any]:
+    run = Fast(device)
+    run.start = start  # type: ignore[attr-defined]
+    memory = Memory(device)
+    for _ in range(3):  # warm-up, unwatched, before the run's state exists: lazy initialisation
+        run.step(_clean, 0)
+    return _loop(lambda n: run.step(LEAKS[leak], n), steps, memory, watched, run.close)
+
+
+def _late_run(
+    name: str, device: torch.device, steps: int, start: int | None, watched: bool, micro_batches: int
 ) -> dict[str, Any]:
-    """The figures of one scenario (see the module documentation)."""
-    step, scope = _trainer(name, micro_batches)
-    with scope:
-        for _ in range(3):
-            step()  # warm-up: lazy initialisation, first allocations
-        gc.collect()
-        objects = len(gc.get_objects())
-        every1 = gradguard.watch(every=1, mode="warn")
-        bare: list[float] = []
-        watched: list[float] = []
-        for r in range(rounds):
-            sides = ((bare, None), (watched, every1))
-            for times, watching in sides if r % 2 == 0 else sides[::-1]:
-                if watching is None:
-                    times.append(_timed(step))
-                else:
-                    with watching:
-                        times.append(_timed(step))
-        watcher = every1.watcher
-        assert watcher.audits == rounds and not watcher.history(), "a clean loop: every step audited, no leak"
-        diffs = [w - b for w, b in zip(watched, bare)]
-        step_s = statistics.median(bare)
-        cost_s = statistics.median(diffs)
-        own_s = watcher.audit_seconds / watcher.audits
-        say(f"  {name}: step {step_s * 1e3:.1f} ms, audited step +{cost_s * 1e3:.1f} ms (own {own_s * 1e3:.1f} ms)")
+    run = LateLeak(name, device, Size(), start=start, micro_batches=micro_batches)
+    memory = Memory(device)
+    with run.scope():
+        for _ in range(2):
+            run.step()  # warm-up
+        run.start = None if start is None else start + 2  # count the leak's start from the measured steps
+        return _loop(lambda n: run.step(), steps, memory, watched, run.close)
 
-        auto = gradguard.watch(mode="warn", memory=False)  # every="auto", on time alone
-        with auto:
-            start = time.perf_counter()
-            step()
-            step()
-            after_two = time.perf_counter()
-            two_s = auto.watcher.audit_seconds
-            steps = 2
-            while time.perf_counter() - start < auto_seconds:
-                step()
-                steps += 1
-            end = time.perf_counter()
-        w = auto.watcher
-        elapsed, steady = end - start, end - after_two
-        share = w.audit_seconds / elapsed
-        steady_share = (w.audit_seconds - two_s) / steady if steady > 0 else 0.0
-        say(f"    auto: {w.audits} audits in {steps} steps, share {share:.2%}, after the first two {steady_share:.2%}")
-    return {
-        "scenario": name,
-        "micro_batches_per_step": micro_batches,
-        "live_objects": objects,
-        "rounds": rounds,
-        "step_median_ms": step_s * 1e3,
-        "step_best_ms": min(bare) * 1e3,
-        "audited_step_median_ms": statistics.median(watched) * 1e3,
-        "cost_per_audited_step_ms": cost_s * 1e3,
-        "cost_per_audited_step_x_step": cost_s / step_s,
-        "audit_own_ms": own_s * 1e3,
-        "every_for_1pct": max(1, round(cost_s / (TARGET_SHARE * step_s))),
-        "auto": {
-            "steps": steps,
-            "audits": w.audits,
-            "elapsed_s": elapsed,
-            "audit_s": w.audit_seconds,
-            "share": share,
-            "share_after_first_two": steady_share,
-            "first_two_audits_s": two_s,
-        },
-    }
+
+def _loop(
+    step: Callable[[int], None], steps: int, memory: Memory, watched: bool, close: Callable[[], None]
+) -> dict[str, Any]:
+    gc.collect()
+    figures: list[int] = []
+    scope = gradguard.watch(mode="detach") if watched else contextlib.nullcontext()
+    own = Own() if watched else contextlib.nullcontext()
+    first_audit = 0.0
+    start = time.perf_counter()
+    with own, scope:
+        for n in range(1, steps + 1):
+            step(n)
+            if n == 1 and watched:
+                first_audit = scope.watcher.audit_seconds  # type: ignore[union-attr]
+            figures.append(memory())
+    wall = time.perf_counter() - start
+    out: dict[str, Any] = {"steps": steps, "wall_s": wall, "memory": figures}
+    if watched:
+        w = scope.watcher  # type: ignore[union-attr]
+        history = w.history()
+        after = max(wall - first_audit, 1e-9)
+        out.update(
+            reported_at=min((e.found_at for e in history), default=None),
+            holders=[(e.holder, e.outcome) for e in history],
+            audits=w.audits,
+            searches=w.searches,
+            memory_audits=w.memory_audits,
+            audit_s=w.audit_seconds,
+            read_s=w.read_seconds,
+            first_audit_s=first_audit,
+            share_after_start=(w.audit_seconds - first_audit + w.read_seconds) / after,
+            own_us_per_boundary=1e6 * max(0.0, own.seconds - w.audit_seconds) / max(1, w.boundaries),  # type: ignore[union-attr]
+            summary=w.summary(),
+        )
+    close()
+    gc.collect()
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# The cases
+# --------------------------------------------------------------------------------------------------
+
+
+def _cases(args: argparse.Namespace) -> Iterator[tuple[str, str, Callable[[bool], dict[str, Any]]]]:
+    """``(case, kind, run(watched))``; ``kind``: ``leak`` (a start) or ``clean``."""
+    device = torch.device(args.device)
+    for name in args.scenario:
+        yield (
+            f"late/{name}",
+            f"leak from {args.late_start}",
+            lambda w, n=name: _late_run(n, device, args.late_steps, args.late_start, w, args.micro_batches),
+        )
+        yield (
+            f"late/{name} clean",
+            "clean",
+            lambda w, n=name: _late_run(n, device, args.clean_steps // 4, None, w, args.micro_batches),
+        )
+    yield (
+        "fast/eval-forward",
+        f"leak from {args.fast_start}",
+        lambda w: _fast_run(device, "eval-forward", args.fast_steps, args.fast_start, w),
+    )
+    yield (
+        "growth-then-leak",
+        f"leak from {args.growth_start}",
+        lambda w: _fast_run(device, "growth-then-leak", args.growth_steps, args.growth_start, w),
+    )
+    yield "short-6", "leak from 1", lambda w: _fast_run(device, "running-loss", 6, 1, w)
+    yield "short-30", "leak from 1", lambda w: _fast_run(device, "metric", 30, 1, w)
+    yield "fast/clean", "clean", lambda w: _fast_run(device, "clean", args.clean_steps, 0, w)
+    yield "sawtooth", "clean", lambda w: _fast_run(device, "sawtooth", args.clean_steps, 0, w)
+
+
+def measure(args: argparse.Namespace, say: Callable[[str], None]) -> list[dict[str, Any]]:
+    entries = []
+    for case, kind, run in _cases(args):
+        plain = run(False)
+        watched = run(True)
+        entry = {"case": case, "kind": kind, "unwatched": plain, "watched": watched}
+        entries.append(entry)
+        say(_row_text(entry))
+    return entries
+
+
+def _start(kind: str) -> int | None:
+    return int(kind.rsplit(" ", 1)[1]) if kind.startswith("leak from") else None
+
+
+def _slope(values: Sequence[int]) -> float:
+    """Least-squares bytes per step."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean_x, mean_y = (n - 1) / 2, sum(values) / n
+    num = sum((i - mean_x) * (v - mean_y) for i, v in enumerate(values))
+    den = sum((i - mean_x) ** 2 for i in range(n))
+    return num / den
+
+
+def _human(n: float) -> str:
+    sign = "-" if n < 0 else "+"
+    value = abs(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
+        value /= 1024
+    return f"{n}"
+
+
+def verdicts(entry: dict[str, Any]) -> list[tuple[str, bool, str]]:
+    """``(check, passed, detail)`` per target of the issue this benchmark proves."""
+    w, plain = entry["watched"], entry["unwatched"]
+    start = _start(entry["kind"])
+    checks = []
+    if start is not None:
+        reported = w["reported_at"]
+        checks.append(
+            (
+                "reported within 3 boundaries of its start",
+                reported is not None and reported - start <= 3 - (1 if start == 1 else 0),
+                f"started at {start}, reported at {reported}",
+            )
+        )
+        if reported is not None and w["steps"] >= reported + 20 and any(o == "repaired" for _, o in w["holders"]):
+            tail = w["memory"][reported + 5 :]
+            checks.append(
+                (
+                    "detach: memory stops growing within 5 boundaries of the report",
+                    _slope(tail) < 0.1 * max(1.0, _slope(plain["memory"][start:])),
+                    f"{_human(_slope(tail))}/step after {reported + 5} vs {_human(_slope(plain['memory'][start:]))}"
+                    "/step unwatched",
+                )
+            )
+    else:
+        checks.append(("clean: nothing reported", not w["holders"], str(w["holders"] or "none")))
+        checks.append(
+            (
+                "clean: share of the wall time after the start-up check <= 0.1%",
+                w["share_after_start"] <= 0.001,
+                f"{w['share_after_start']:.3%}",
+            )
+        )
+        checks.append(
+            (
+                "clean: <= 5 us of the watch's own time per boundary",
+                w["own_us_per_boundary"] <= 5.0,
+                f"{w['own_us_per_boundary']:.1f} us",
+            )
+        )
+    return checks
+
+
+def _row(entry: dict[str, Any]) -> tuple[str, ...]:
+    w, plain = entry["watched"], entry["unwatched"]
+    start = _start(entry["kind"])
+    step_ms = 1e3 * plain["wall_s"] / plain["steps"]
+    if start is not None:
+        after = (w["reported_at"] or w["steps"]) + 5
+        return (
+            entry["case"],
+            f"{step_ms:.2f} ms",
+            str(start),
+            str(w["reported_at"]) if w["reported_at"] is not None else "—",
+            ", ".join(sorted({o for _, o in w["holders"]})) or "—",
+            f"{_human(_slope(plain['memory'][start - 1 :]))}",
+            f"{_human(_slope(w['memory'][after:]))}" if w["steps"] > after + 2 else "—",
+            "",
+            "",
+            "",
+            "",
+        )
+    searches = 1000 * max(0, w["searches"]) / w["steps"]
+    return (
+        entry["case"],
+        f"{step_ms:.2f} ms",
+        "clean",
+        "—",
+        "—",
+        "—",
+        "—",
+        f"{w['share_after_start']:.3%}",
+        f"{w['own_us_per_boundary']:.1f} us",
+        f"{searches:.1f}",
+        f"{w['wall_s'] / plain['wall_s']:.3f}×",
+    )
+
+
+HEADER = (
+    "case",
+    "step",
+    "leak from",
+    "reported at",
+    "outcome",
+    "memory/step unwatched",
+    "memory/step detach, 5 after the report",
+    "share after start-up",
+    "own time per boundary",
+    "heap searches per 1000 steps",
+    "wall vs unwatched",
+)
+
+
+def _row_text(entry: dict[str, Any]) -> str:
+    checks = "; ".join(f"{'ok' if ok else 'MISSED'} {c}: {d}" for c, ok, d in verdicts(entry))
+    return f"  {entry['case']}: {checks}"
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    rows = [_row(e) for e in doc["cases"]]
+    table = _table.markdown(HEADER, rows)
+    checks = "\n".join(
+        f"- {e['case']}: {'ok' if ok else '**MISSED**'} {c} ({d})" for e in doc["cases"] for c, ok, d in verdicts(e)
+    )
+    return (
+        f"# The watch under its defaults — {doc['device']}\n\n"
+        f"Machine: {doc['machine_line']}\n\n"
+        f"`{doc['settings']['command']}` ({doc['settings']['elapsed_s']} s)\n\n"
+        f"{__doc__.split(chr(10) + chr(10), 1)[1]}\n{table}\n\n{checks}\n"
+    )
+
+
+def plot(doc: dict[str, Any], path: str) -> None:
+    """Memory after each step, unwatched and under ``detach``, for each leak; the leak's start and report."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    leaks = [e for e in doc["cases"] if _start(e["kind"]) is not None]
+    fig, axes = plt.subplots(len(leaks), 1, figsize=(9, 2.6 * len(leaks)), squeeze=False)
+    for ax, e in zip(axes[:, 0], leaks):
+        for side, label in (("unwatched", "unwatched"), ("watched", "watch(mode='detach')")):
+            values = e[side]["memory"]
+            ax.plot(range(1, len(values) + 1), [(v - values[0]) / 2**20 for v in values], label=label)
+        ax.axvline(_start(e["kind"]), color="grey", linestyle=":", label="the leak starts")
+        reported = e["watched"]["reported_at"]
+        if reported is not None:
+            ax.axvline(reported, color="red", linestyle="--", label="reported")
+        ax.set_title(e["case"], fontsize=9)
+        ax.set_ylabel("MiB since step 1")
+        ax.legend(fontsize=7, loc="upper left")
+    axes[-1, 0].set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.watch", description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--scenario", action="append", choices=SCENARIOS, help="late leaks: default all that run here")
+    p.add_argument("--micro-batches", type=int, default=4)
+    p.add_argument("--late-steps", type=int, default=600)
+    p.add_argument("--late-start", type=int, default=300)
+    p.add_argument("--fast-steps", type=int, default=600)
+    p.add_argument("--fast-start", type=int, default=300)
+    p.add_argument("--growth-steps", type=int, default=600)
+    p.add_argument("--growth-start", type=int, default=400)
+    p.add_argument("--clean-steps", type=int, default=2000)
+    p.add_argument("--quick", action="store_true", help="a smoke run: one scenario, short runs")
+    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--md", metavar="PATH")
+    p.add_argument("--plot", metavar="PATH")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.scenario = args.scenario or ["pp-last-stage"]
+        args.late_steps, args.late_start, args.fast_steps, args.fast_start = 40, 20, 40, 20
+        args.growth_steps, args.growth_start, args.clean_steps, args.micro_batches = 430, 405, 60, 1
+    args.scenario = args.scenario or [s for s in SCENARIOS if _unavailable(s) is None]
+    with measuring(args.device) as (facts, line):
+        t0 = time.perf_counter()
+        entries = measure(args, lambda s: print(s, flush=True))
+        settings = {
+            "command": shlex.join(["python", "-m", "benchmarks.watch", *(sys.argv[1:] if argv is None else argv)]),
+            "torch_threads": torch.get_num_threads(),
+            "elapsed_s": round(time.perf_counter() - t0, 1),
+        }
+    doc = {"device": args.device.upper(), "machine": facts, "machine_line": line, "settings": settings}
+    doc["cases"] = entries
+    print(_table.text(HEADER, [_row(e) for e in entries]))
+    if args.json:
+        write_json(args.json, doc)
+    if args.md:
+        with open(args.md, "w", encoding="utf-8") as f:
+            f.write(markdown(doc))
+    if args.plot:
+        plot(doc, args.plot)
+    return 0
 
 
 def _unavailable(name: str) -> str | None:
@@ -155,109 +512,6 @@ def _unavailable(name: str) -> str | None:
 
         return unavailable()
     return None
-
-
-def _rows(doc: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    header = (
-        "scenario",
-        "live objects",
-        "step (bare)",
-        "audited step",
-        "cost per audited step",
-        "every for 1%",
-        "auto: audits / steps",
-        "auto: share",
-        "after the first two",
-    )
-    rows = [
-        (
-            e["scenario"],
-            f"{e['live_objects']:,}",
-            f"{e['step_median_ms']:.1f} ms",
-            f"{e['audited_step_median_ms']:.1f} ms",
-            f"+{e['cost_per_audited_step_ms']:.1f} ms ({e['cost_per_audited_step_x_step']:.2f}× a step)",
-            str(e["every_for_1pct"]),
-            f"{e['auto']['audits']} / {e['auto']['steps']}",
-            f"{e['auto']['share']:.2%}",
-            f"{e['auto']['share_after_first_two']:.2%}",
-        )
-        for e in doc["scenarios"]
-    ]
-    return header, rows
-
-
-def text(doc: dict[str, Any]) -> str:
-    """The results as a text table."""
-    header, rows = _rows(doc)
-    return _table.text(header, rows) if rows else "(no scenario ran)"
-
-
-def markdown(doc: dict[str, Any]) -> str:
-    """The results as a Markdown page, with the machine line and the method."""
-    header, rows = _rows(doc)
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    skipped = "".join(f"\n\nSkipped {name}: {why}" for name, why in doc["skipped"])
-    return (
-        "# gradguard step-boundary watch — CPU\n\n"
-        f"Machine: {doc['machine_line']}\n\n"
-        f"`{doc['settings']['command']}` ({doc['settings']['elapsed_s']} s)\n\n"
-        f"{_METHOD}\n\n" + "\n".join(lines) + skipped + "\n"
-    )
-
-
-_METHOD = (
-    "A training step: the scenario's guarded micro-batch step (`gradguard bench`, CPU, default size, torch on "
-    "one thread) repeated for the micro-batches of one step, then `optimizer.step()`. *audited step*: the same "
-    "step inside `gradguard.watch(every=1)`, interleaved with bare steps; *cost per audited step*: the median "
-    "of the within-round differences. *every for 1%*: the `every` at which that cost is 1% of a step. *auto*: "
-    "a run inside `gradguard.watch(memory=False)` (`every='auto'` on time alone, the schedule without a memory "
-    "figure): the audits' own time over the run's wall time, in total and after the first two boundaries "
-    "(always audited, so that a leak shows at the second). The default schedule, with the memory trigger, is "
-    "measured by `gradguard bench --late-leak`."
-)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.watch", description=__doc__.split("\n\n")[0])
-    p.add_argument("--scenario", action="append", choices=SCENARIOS, help="default: all that run here")
-    p.add_argument("--micro-batches", type=int, default=4, help="micro-batches per training step (default 4)")
-    p.add_argument("--rounds", type=int, default=15, help="interleaved rounds for every=1 (default 15)")
-    p.add_argument("--auto-seconds", type=float, default=45.0, help="wall time of the every='auto' run (default 45 s)")
-    p.add_argument("--quick", action="store_true", help="a smoke run: 3 rounds, a 2 s auto run, 1 micro-batch")
-    p.add_argument("--json", metavar="PATH")
-    p.add_argument("--md", metavar="PATH")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.rounds, args.auto_seconds, args.micro_batches = 3, 2.0, 1
-    with measuring("cpu") as (facts, line):
-        t0 = time.perf_counter()
-        entries, skipped = [], []
-        for name in args.scenario or SCENARIOS:
-            reason = _unavailable(name)
-            if reason:
-                skipped.append((name, reason))
-                print(f"  skipped {name}: {reason}", flush=True)
-                continue
-            say = lambda s: print(s, flush=True)  # noqa: E731
-            entries.append(measure(name, args.micro_batches, args.rounds, args.auto_seconds, say))
-        settings = {
-            "command": shlex.join(["python", "-m", "benchmarks.watch", *(sys.argv[1:] if argv is None else argv)]),
-            "micro_batches": args.micro_batches,
-            "rounds": args.rounds,
-            "auto_seconds": args.auto_seconds,
-            "torch_threads": torch.get_num_threads(),
-            "elapsed_s": round(time.perf_counter() - t0, 1),
-        }
-    doc = {"machine": facts, "machine_line": line, "settings": settings, "scenarios": entries, "skipped": skipped}
-    print()
-    print(text(doc))
-    if args.json:
-        write_json(args.json, doc)
-    if args.md:
-        with open(args.md, "w", encoding="utf-8") as f:
-            f.write(markdown(doc))
-    return 0
 
 
 if __name__ == "__main__":

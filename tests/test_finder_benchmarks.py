@@ -45,11 +45,24 @@ def test_audit_benchmark_quick_run(tmp_path: Path) -> None:
 def test_watch_benchmark_quick_run(tmp_path: Path) -> None:
     doc, md = _run(tmp_path, "watch", "--scenario", "pp-last-stage")
     assert doc["machine_line"] in md
-    (row,) = doc["scenarios"]
-    assert row["scenario"] == "pp-last-stage" and row["auto"]["audits"] >= 2  # on time alone: the first two always
-    assert row["every_for_1pct"] >= 1 and row["cost_per_audited_step_ms"] == pytest.approx(
-        row["audited_step_median_ms"] - row["step_median_ms"], rel=1.0
-    )
+    cases = {entry["case"]: entry for entry in doc["cases"]}
+    assert set(cases) == {
+        "late/pp-last-stage",
+        "late/pp-last-stage clean",
+        "fast/eval-forward",
+        "growth-then-leak",
+        "short-6",
+        "short-30",
+        "fast/clean",
+        "sawtooth",
+    }
+    for name in ("late/pp-last-stage", "fast/eval-forward", "short-6", "short-30"):  # each leak is reported
+        watched = cases[name]["watched"]
+        assert watched["reported_at"] is not None and watched["holders"], name
+    for name in ("fast/clean", "sawtooth", "late/pp-last-stage clean"):  # the clean runs are silent
+        watched = cases[name]["watched"]
+        assert watched["holders"] == [] and watched["audits"] >= 1, name
+        assert len(watched["memory"]) == watched["steps"] == len(cases[name]["unwatched"]["memory"])
 
 
 @pytest.mark.parametrize("name", ["audit-cpu", "watch-cpu"])

@@ -5,6 +5,7 @@ allocator reading in these tests."""
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -14,6 +15,7 @@ from torch import nn
 
 import gradguard
 from gradguard._watch import schedule as _schedule
+from gradguard._watch import threads as _threads
 from gradguard._watch import watcher as _watch
 from gradguard._watch.schedule import BACKSTOP_SHARE, FIRST_COST, IDLE_SHARE, REPEAT_SHARE, Schedule
 from gradguard._watch.trigger import TriggerSettings
@@ -41,6 +43,9 @@ class FakeReader:
 
     def short(self) -> str:
         return "a test's figure"
+
+    def next_due(self) -> float:
+        return -math.inf  # read at every boundary
 
 
 class Run:
@@ -200,9 +205,18 @@ def elsewhere(entry: gradguard.Retention) -> bool:
     return "test_schedule" not in entry.path
 
 
-def _train(keep: Any, start: int, steps: int = 60, forward_only: bool = False) -> int | None:
+@pytest.fixture
+def slow_steps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The watch's clock, advanced by the test: steps as long as a GPU's, so every budget affords its work."""
+    clock = [0.0]
+    for module in (_watch, _threads):
+        monkeypatch.setattr(module, "_clock", lambda: clock[0])
+    return clock
+
+
+def _train(keep: Any, start: int, steps: int = 60, clock: list[float] | None = None) -> int | None:
     """Train a tiny model inside ``watch(mode="raise")``, keeping ``keep(loss, out, model)`` from ``start``;
-    the step whose boundary raised."""
+    the step whose boundary raised. ``clock``: advanced by 50 ms a step."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -214,6 +228,8 @@ def _train(keep: Any, start: int, steps: int = 60, forward_only: bool = False) -
                 loss.backward()
                 if step >= start:
                     keep(loss, out, model)
+                if clock is not None:
+                    clock[0] += 0.05
                 try:
                     opt.step()
                 except gradguard.GraphRetentionError:
@@ -224,8 +240,37 @@ def _train(keep: Any, start: int, steps: int = 60, forward_only: bool = False) -
     return None
 
 
-def test_a_kept_loss_from_a_late_step_is_reported_two_boundaries_after_it_started(figure: FakeReader) -> None:
-    assert _train(lambda loss, out, model: KEPT.append(loss), start=30) == 32
+def test_a_kept_loss_from_a_late_step_is_reported_two_boundaries_after_it_started(
+    figure: FakeReader, slow_steps: list[float]
+) -> None:
+    assert _train(lambda loss, out, model: KEPT.append(loss), start=30, clock=slow_steps) == 32
+
+
+def test_on_short_steps_backwards_are_stamped_within_their_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each reading of the clock is 10 us of stamping, a step 0.5 ms: a 0.5% share affords a root stamp one
+    step in four, a 0.2% share stamping below the roots one in ten; the first boundaries stamp every one."""
+    clock = [0.0]
+
+    def tick() -> float:
+        clock[0] += 0.00001
+        return clock[0]
+
+    monkeypatch.setattr(_threads, "_clock", tick)
+    state = _threads.ThreadState(Schedule("auto", None))
+    roots, below = [], []
+    x = torch.ones(2, requires_grad=True)
+    for _ in range(400):
+        loss = ((x * 2).exp() * 3).sum()
+        placed = state.ledger.placed
+        _threads.stamp_backward(state, (loss,), hunting=False)
+        roots.append(state.ledger.placed > placed)
+        below.append(state.ledger.placed > placed + 1)
+        state.clock.tick(None)
+        clock[0] += 0.0005
+    first = _threads.STAMP_FIRST
+    assert all(roots[:first]) and all(below[:first])
+    assert 0.2 <= sum(roots[first:]) / len(roots[first:]) <= 0.3, sum(roots[first:])
+    assert 0.05 <= sum(below[first:]) / len(below[first:]) <= 0.12, sum(below[first:])
 
 
 def test_a_kept_forward_without_backward_is_reported_within_three_boundaries(figure: FakeReader) -> None:

@@ -25,6 +25,7 @@ import torch  # noqa: E402
 import gradguard  # noqa: E402
 from benchmarks.audit import heap  # noqa: E402
 from gradguard._heap import holders as _holders  # noqa: E402
+from gradguard._heap.census import live_graph_tensors  # noqa: E402
 from gradguard._policy import table as _table
 from gradguard._tools.bench.machine import measuring  # noqa: E402
 
@@ -134,7 +135,7 @@ def leak_case(rounds: int, say: Callable[[str], None]) -> dict[str, Any]:
     expected = {"benchmarks.audit.heap:LEAKED[*]['loss']": 100, "benchmarks.audit.heap:LEAKED[*]['logits']": 100}
     if found != expected:
         raise RuntimeError(f"the audit did not find the leak as expected: {found}\n{report}")
-    targets = len(_holders.live_graph_tensors(set()))
+    targets = len(live_graph_tensors(set()))
     result = paired(gradguard.audit, [bare_scan], rounds)
     seconds = result["candidate_s"]["median"]
     entry = {

@@ -20,7 +20,7 @@ import torch
 
 __all__ = ["SAMPLE", "HeldParameters"]
 
-SAMPLE = 8
+SAMPLE = 4
 """Parameters read per reading: spread over the optimizers' parameter lists, weights first."""
 
 _use_count = getattr(torch.Tensor, "_use_count", None)

@@ -2,28 +2,23 @@
 
 torch creates a node's ``metadata`` dict on first read and frees it with the node, so an object put
 there dies when the node dies, whatever holds the node (a list, a running sum's next node, C++ code).
-A :class:`Ledger` counts its live stamps by *epoch* (the step boundary count at which a stamp was
-placed): reading how many stamps of an old epoch are still alive costs the same on any heap, which
-is how the watch learns that a graph outlived its step without searching the heap for it
-(``docs/how-it-works.md``).
-
-A stamp holds its ledger and its epoch, nothing of the graph. Its death may come from any thread (an
-autograd worker, a garbage collection): it only appends to a deque (atomic), and the ledger applies
-the deaths when it is read.
+A :class:`Ledger` keeps a weak reference to each stamp it placed, by *epoch* (the step boundary count
+at which it was placed), and looks at an epoch's stamps once, when that epoch becomes old: whether a
+graph outlived its step is known without searching the heap for it (``docs/how-it-works.md``).
+A stamp holds its epoch and its node's key, nothing of the graph.
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 import threading
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["Ledger", "Stamp", "metadata_of", "node_key", "oldest_below"]
 
 _serial = itertools.count(1)
-
 
 _NO_SEQUENCE = 2**64 - 1  # AccumulateGrad: one per leaf, alive as long as any graph uses the leaf
 
@@ -54,52 +49,45 @@ class Stamp:
     still counts it (a stamp whose graph was judged keeps its age but is no longer counted), and whether
     a later backward started from its node again (``used``: its epoch is then that backward's)."""
 
-    __slots__ = ("counted", "epoch", "key", "ledger", "used")
+    __slots__ = ("__weakref__", "counted", "epoch", "key", "used")
 
-    def __init__(self, ledger: Ledger, epoch: int, key: Key) -> None:
-        self.ledger: Ledger | None = ledger
+    def __init__(self, epoch: int, key: Key) -> None:
         self.epoch = epoch
         self.key = key
         self.counted = True
-        self.used = False  # a later backward started from this node again: its graph is in use
-
-    def __del__(self) -> None:
-        ledger = self.ledger
-        if ledger is not None:
-            try:
-                ledger._deaths.append((self.epoch if self.counted else None, self.key))
-            except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to count
-                pass
+        self.used = False
 
     def __repr__(self) -> str:
         return f"<gradguard stamp epoch={self.epoch}{'' if self.counted else ' explained'}>"
 
 
 class Ledger:
-    """The live stamps one watcher placed in one thread, counted by epoch.
+    """The stamps one watcher placed in one thread, by epoch.
 
     :meth:`place` stamps a node (once; ``refresh=True`` moves an existing stamp to a later epoch: the
-    node was used again). :meth:`oldest` is the earliest epoch with a counted stamp alive, in time
-    independent of the heap. :meth:`explain` stops counting a stamp whose node the caller judged.
-    Thread-safe, except that a node must be held by the caller while it is placed or explained.
+    node was used again). :meth:`old` gives the earliest epoch up to a boundary that has a counted stamp
+    alive: each stamp is looked at once when its epoch becomes old, then only while it stays alive, so
+    it costs the same on any heap. :meth:`explain` stops counting a stamp whose node the caller judged.
+    Meant for one thread (its boundaries and the backwards it starts); :meth:`alive` may be read from
+    another. A node must be held by the caller while it is placed or explained.
     """
 
-    __slots__ = ("_deaths", "_index", "_live", "_lock", "key", "placed")
+    __slots__ = ("_buckets", "_checked", "_lock", "_old", "key", "placed")
 
     def __init__(self) -> None:
         self.key = f"gradguard.stamp.{next(_serial)}"
         """The key of this ledger's stamps in a node's ``metadata``."""
-        self._live: dict[int, int] = {}  # epoch -> counted stamps alive
-        self._index: dict[Key, int] = {}  # node key -> stamps alive: a walk reads only these nodes' metadata
-        self._deaths: collections.deque[tuple[int | None, Key]] = collections.deque()
+        self._buckets: dict[int, list[weakref.ref[Stamp]]] = {}  # epoch -> the stamps placed there
+        self._old: list[weakref.ref[Stamp]] = []  # stamps of epochs up to _checked, alive when last looked at
+        self._checked = -1
         self._lock = threading.Lock()
         self.placed = 0
         """Stamps placed so far."""
 
-    def stamp(self, node: Any) -> Stamp | None:
-        """This ledger's stamp on ``node``, or ``None`` (reads ``metadata`` only where one may be)."""
-        key = node_key(node)
-        if key is None or key not in self._index:
+    def stamp(self, node: Any, keys: set[Key] | frozenset[Key] | None = None) -> Stamp | None:
+        """This ledger's stamp on ``node``, or ``None``; ``keys`` (:meth:`keys`), when given, spares
+        reading the ``metadata`` of nodes no stamp of this ledger can be on."""
+        if keys is not None and node_key(node) not in keys:
             return None
         metadata = metadata_of(node)
         found = None if metadata is None else metadata.get(self.key)
@@ -118,64 +106,63 @@ class Ledger:
         if type(found) is Stamp:
             if not refresh or found.epoch >= epoch:
                 return False
-            with self._lock:
-                if found.counted:
-                    self._count(found.epoch, -1)
-                    self._count(epoch, 1)
-                found.epoch = epoch
-                found.used = True
+            found.epoch, found.used = epoch, True
+            self._buckets.setdefault(epoch, []).append(weakref.ref(found))
             return True
-        stamp = Stamp(self, epoch, key)
-        with self._lock:
-            self._count(epoch, 1)
-            self._index[key] = self._index.get(key, 0) + 1
-            self.placed += 1
-        metadata[self.key] = stamp
+        stamp = metadata[self.key] = Stamp(epoch, key)
+        self._buckets.setdefault(epoch, []).append(weakref.ref(stamp))
+        self.placed += 1
         return True
 
     def explain(self, node: Any) -> None:
         """Stop counting ``node``'s stamp (its graph was judged); it keeps its epoch."""
         found = self.stamp(node)
-        if found is None or not found.counted:
-            return
-        with self._lock:
+        if found is not None:
             found.counted = False
-            self._count(found.epoch, -1)
 
-    def oldest(self, after: int = -1) -> int | None:
-        """The earliest epoch later than ``after`` that has a counted stamp alive, or ``None``."""
+    def due(self, through: int) -> bool:
+        """Whether :meth:`old` has anything to look at up to ``through`` (else it would say ``None``)."""
+        if self._old:
+            return True
+        buckets = self._buckets
+        return bool(buckets) and next(iter(buckets)) <= through
+
+    def old(self, through: int, after: int = -1) -> int | None:
+        """The earliest epoch in ``(after, through]`` that has a counted stamp alive, or ``None``."""
         with self._lock:
-            if self._deaths:
-                self._drain()
-            live = self._live
-            if not live:
+            self._age(through)
+            if not self._old:
                 return None
-            return min((epoch for epoch in live if epoch > after), default=None)
+            epochs = [s.epoch for s in map(_deref, self._old) if s is not None and s.counted and after < s.epoch]
+        return min((e for e in epochs if e <= through), default=None)
 
     def alive(self, through: int) -> int:
         """How many counted stamps of epochs up to ``through`` are alive."""
         with self._lock:
-            self._drain()
-            return sum(n for epoch, n in self._live.items() if epoch <= through)
+            self._age(through)
+            return sum(1 for s in map(_deref, self._old) if s is not None and s.counted and s.epoch <= through)
 
-    def _drain(self) -> None:
-        deaths, index = self._deaths, self._index
-        while deaths:
-            epoch, key = deaths.popleft()
-            if epoch is not None:
-                self._count(epoch, -1)
-            left = index.get(key, 0) - 1
-            if left > 0:
-                index[key] = left
-            else:
-                index.pop(key, None)
+    def keys(self) -> frozenset[Key]:
+        """The node keys of every stamp alive: a node whose key is not among them carries none."""
+        with self._lock:
+            refs = [*self._old, *(r for bucket in self._buckets.values() for r in bucket)]
+        return frozenset(s.key for s in map(_deref, refs) if s is not None)
 
-    def _count(self, epoch: int, delta: int) -> None:
-        left = self._live.get(epoch, 0) + delta
-        if left > 0:
-            self._live[epoch] = left
-        else:
-            self._live.pop(epoch, None)
+    def _age(self, through: int) -> None:
+        """Move the stamps of the epochs up to ``through`` to the old ones (those alive and still of that
+        epoch: a stamp moved to a later epoch is looked at there), and forget the dead."""
+        for epoch in range(self._checked + 1, through + 1):
+            for ref in self._buckets.pop(epoch, ()):
+                stamp = ref()
+                if stamp is not None and stamp.epoch == epoch:
+                    self._old.append(ref)
+        self._checked = max(self._checked, through)
+        if self._old:
+            self._old = [r for r in self._old if (s := r()) is not None and s.epoch <= self._checked]
+
+
+def _deref(ref: weakref.ref[Stamp]) -> Stamp | None:
+    return ref()
 
 
 def oldest_below(
@@ -185,15 +172,14 @@ def oldest_below(
     included); roots whose graph holds none are left out. The walk does not go into ``stop``'s nodes;
     ``collect``, when given, receives every node met that carries a stamp of ``ledger``. Each node is
     visited once for all the roots (the graphs are DAGs)."""
-    with ledger._lock:
-        ledger._drain()
+    keys = ledger.keys()
     memo: dict[Any, int | None] = {}
     found: dict[Any, int] = {}
     for root in roots:
         if root is None:
             continue
         if root not in memo:
-            _walk(root, ledger, memo, stop, collect)
+            _walk(root, ledger, keys, memo, stop, collect)
         epoch = memo[root]
         if epoch is not None:
             found[root] = epoch
@@ -201,7 +187,12 @@ def oldest_below(
 
 
 def _walk(
-    root: Any, ledger: Ledger, memo: dict[Any, int | None], stop: set[Any] | None, collect: list[Any] | None
+    root: Any,
+    ledger: Ledger,
+    keys: frozenset[Key],
+    memo: dict[Any, int | None],
+    stop: set[Any] | None,
+    collect: list[Any] | None,
 ) -> None:
     """Post-order over ``root``'s graph, without recursion: ``memo[node]`` is the earliest epoch below."""
     stack: list[tuple[Any, bool]] = [(root, False)]
@@ -216,7 +207,7 @@ def _walk(
             stack.append((node, True))
             stack.extend((child, False) for child, _ in node.next_functions if child is not None and child not in memo)
             continue
-        own = ledger.stamp(node)
+        own = ledger.stamp(node, keys)
         best = None if own is None else own.epoch
         if own is not None and collect is not None:
             collect.append(node)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import math
 import os
 import sys
 import time
@@ -26,7 +27,17 @@ from typing import Literal
 
 from .._errors import GradGuardError
 
-__all__ = ["CPU", "RESCAN", "AllocatedReader", "CpuSource", "in_use", "mallinfo2_reader", "statm_reader"]
+__all__ = [
+    "CPU",
+    "RESCAN",
+    "AllocatedReader",
+    "CpuSource",
+    "Mallinfo2",
+    "in_use",
+    "mallinfo2",
+    "mallinfo2_reader",
+    "statm_reader",
+]
 
 CPU = "cpu"
 RESCAN = 64
@@ -38,7 +49,7 @@ _PROBE_BYTES = 1 << 20
 _COSTS_KEPT = 3  # the budget goes by the cheapest of the last readings: one preempted reading does not stall it
 
 
-class _Mallinfo2(ctypes.Structure):
+class Mallinfo2(ctypes.Structure):
     _fields_ = [
         (name, ctypes.c_size_t)
         for name in (
@@ -56,6 +67,19 @@ class _Mallinfo2(ctypes.Structure):
     ]
 
 
+def mallinfo2() -> Mallinfo2 | None:
+    """glibc's whole ``struct mallinfo2`` now (the count of free chunks its walk visits, ...), or ``None``
+    where there is no ``mallinfo2``."""
+    try:
+        function = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = []
+    function.restype = Mallinfo2
+    result: Mallinfo2 = function()
+    return result
+
+
 def mallinfo2_reader() -> Callable[[], int] | None:
     """A function returning glibc's in-use bytes (``uordblks + hblkhd``), or ``None`` where that figure
     would not be honest: no ``mallinfo2`` (not glibc, or glibc < 2.33), or an allocation made through
@@ -68,7 +92,7 @@ def mallinfo2_reader() -> Callable[[], int] | None:
     except (OSError, AttributeError):
         return None
     mallinfo2.argtypes = []
-    mallinfo2.restype = _Mallinfo2
+    mallinfo2.restype = Mallinfo2
     memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t]
     memalign.restype = ctypes.c_int
     free.argtypes = [ctypes.c_void_p]
@@ -187,6 +211,12 @@ class AllocatedReader:
         if self.cuda:
             self._read_cuda(out)
         return out
+
+    def next_due(self) -> float:
+        """The clock's time from which a call reads again (``-inf``: at once; with no ``share``, always)."""
+        if self.share is None or self._last is None or not self._costs:
+            return -math.inf
+        return self._last + min(self._costs) / self.share
 
     def describe(self) -> str:
         """What the figures are, in one line (what is off, and why, included)."""

@@ -50,10 +50,8 @@ class Clock:
         steps = self.sources.get(source)
         if steps is None:
             steps = self.sources[source] = collections.deque(maxlen=_KEPT)
-            while len(self.sources) > 16:  # the optimizers stepped least recently are forgotten first
+            while len(self.sources) > 16:  # the optimizers seen first are forgotten first
                 self.sources.popitem(last=False)
-        else:
-            self.sources.move_to_end(source)
         steps.append(self.boundaries)
         return self.boundaries
 

@@ -9,6 +9,7 @@ schedule promises a user: ``docs/guide/finding-leaks.md``; each constant's reaso
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Literal
@@ -110,6 +111,8 @@ class Schedule:
             if made.cpu_source == "statm" and memory.floor < RESIDENT_FLOOR:
                 memory = dataclasses.replace(memory, floor=RESIDENT_FLOOR)
             self._reader, self._trigger = made, Trigger(memory)
+        self._quiet_until = -math.inf  # before this time, a boundary with no signal asks for nothing
+        self._retry_due: float = math.inf
         self.readings: dict[str, int] = {}  # the last memory figure read
         self.first_readings: dict[str, int] = {}  # the first one after the start-up check
 
@@ -138,6 +141,8 @@ class Schedule:
         """
         if self.started is None:
             self.started = now
+        elif old is None and not held and now < self._quiet_until and boundary < self._retry_due:
+            return None  # the common boundary: no signal, nothing due on time (see _settle)
         elapsed = now - self.started
         hunting = self.every != "auto"
         if boundary > STARTUP and hunting and boundary % self.every:  # type: ignore[operator]
@@ -163,7 +168,21 @@ class Schedule:
             self._trigger.declined()
         if not hunting and self.charged + self.backstop + (self.last_cost or FIRST_COST) <= BACKSTOP_SHARE * elapsed:
             return "time"
+        self._settle()
         return None
+
+    def _settle(self) -> None:
+        """When the next boundary without a signal can be skipped at once: until the memory figure or the
+        backstop is due (hunting checks only its every-th boundaries), and before a retry is due."""
+        if self.every != "auto":
+            self._quiet_until, self._retry_due = -math.inf, 1 << 62
+            return
+        if self.started is None:
+            return
+        backstop = self.started + (self.charged + self.backstop + (self.last_cost or FIRST_COST)) / BACKSTOP_SHARE
+        reading = self._reader.next_due() if self._reader is not None else math.inf
+        self._quiet_until = min(backstop, reading)
+        self._retry_due = math.inf if self.retry_at is None else self.retry_at
 
     def audited(
         self,
@@ -215,6 +234,7 @@ class Schedule:
         if self._trigger is not None:
             self._trigger.audited(new)
         self.held.audited(new)
+        self._settle()
 
     def _affords(self, reason: Reason, elapsed: float) -> bool:
         """Whether an audit a signal asked for fits the budgets (see the module constants). The

@@ -9,7 +9,9 @@ log-probability a few nodes below the loss).
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
+import weakref
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -18,21 +20,35 @@ from .._graph.stamps import Ledger, node_key
 from .criterion import Clock
 from .schedule import Schedule
 
-__all__ = ["DEEP_FIRST", "DEEP_NODES", "DEEP_SHARE", "REVISIT_SHARE", "Held", "ThreadState", "stamp_backward"]
+__all__ = [
+    "DEEP_NODES",
+    "DEEP_SHARE",
+    "REVISIT_SHARE",
+    "STAMP_FIRST",
+    "STAMP_SHARE",
+    "Held",
+    "ThreadState",
+    "stamp_backward",
+]
 
-DEEP_NODES = 32
-"""Nodes stamped below a backward's roots when it is sampled (see :data:`DEEP_SHARE`); with ``every=N``
-the whole graph is."""
+STAMP_SHARE = 0.005
+"""The most of the wall time stamping backwards' roots may take. A stamp costs a few microseconds (a
+node's ``metadata`` is made for it), a step of a small model on a CPU a fraction of a millisecond: a
+backward's roots are stamped when the cheapest of the last few stampings took at most this share of the
+time since the last one (one slow stamping does not stall the next), so a step of a millisecond or more
+has every backward stamped, a shorter one one in a few. The backwards of a thread's first
+:data:`STAMP_FIRST` boundaries, and every one with ``every=N``, always are."""
 
 DEEP_SHARE = 0.002
-"""The most of the wall time stamping below the roots may take: a record the program keeps is often a
-tensor a few nodes below the loss (a model output, a log-probability), which a root's stamp does not
-reach. The backwards of a thread's first :data:`DEEP_FIRST` boundaries, and every backward with
-``every=N``, are always stamped so."""
+"""The same for the nodes nearest below the roots of a backward whose roots were stamped (up to
+:data:`DEEP_NODES`): a record a program keeps is often a tensor a few nodes below the loss (a model
+output, a log-probability), which the root's stamp does not reach."""
 
-DEEP_FIRST = 3
-"""Boundaries of a thread whose backwards are all stamped below their roots."""
+STAMP_FIRST = 3
+"""Boundaries of a thread whose backwards are all stamped, roots and below."""
 
+DEEP_NODES = 32
+"""Nodes stamped below the roots, nearest first; with ``every=N`` the whole graph is."""
 
 REVISIT_SHARE = 0.05
 """``detach``: the most of a thread's wall time reading the holders it repaired before may take, to find
@@ -54,6 +70,7 @@ class Held:
         self.last: int | None = None
 
     def changed(self) -> dict[str, int] | None:
+        """The count by name when it moved since the last call, else ``None``."""
         count = self.read()
         if count is None or count == self.last:
             return None
@@ -67,8 +84,9 @@ class ThreadState:
     __slots__ = (
         "busy",
         "clock",
-        "deep_at",
-        "deep_costs",
+        "deep",
+        "roots",
+        "stamp",
         "repairing",
         "revisit_cost",
         "revisit_spent",
@@ -91,8 +109,9 @@ class ThreadState:
         self.stepped: set[Hashable] = set()  # the sources already stepped since that counter last moved
         self.held: dict[Hashable, Held] = {}
         self.busy = False
-        self.deep_at = 0.0  # when the last backward was stamped below its roots
-        self.deep_costs: collections.deque[float] = collections.deque(maxlen=3)  # what the last ones took
+        self.stamp = _Rate(STAMP_SHARE)  # when to stamp a backward's roots next
+        self.deep = _Rate(DEEP_SHARE)  # when to stamp below them next
+        self.roots: weakref.WeakSet[Any] = weakref.WeakSet()  # the tensors whose backward was stamped
         self.repairing: tuple[int, dict[str, int]] | None = None  # memory in use before repairs, their estimates
         self.revisit_cost = 0.0  # what the last read of the holders found before took
         self.revisit_spent = 0.0
@@ -107,26 +126,52 @@ class ThreadState:
         self.revisit_spent += cost
 
 
+class _Rate:
+    """When a job that should take at most ``share`` of the wall time may run next: once the cheapest of
+    its last three runs is at most ``share`` of the time since the last one ended."""
+
+    __slots__ = ("costs", "next", "share")
+
+    def __init__(self, share: float) -> None:
+        self.share = share
+        self.costs: collections.deque[float] = collections.deque(maxlen=3)
+        self.next = 0.0
+
+    def ran(self, start: float, end: float) -> None:
+        self.costs.append(end - start)
+        self.next = end + min(self.costs) / self.share
+
 
 def stamp_backward(state: ThreadState, roots: Sequence[Any], *, hunting: bool) -> None:
-    """Stamp a backward's roots (a root stamped before moves to now: its graph is in use again), and the
-    nodes nearest below them when due: always in the thread's first :data:`DEEP_FIRST` boundaries and
-    when ``hunting`` (the whole graph then), else when the cheapest of the last few stampings took at most
-    :data:`DEEP_SHARE` of the time since the last one (one slow stamping does not stall the next)."""
+    """At the start of a backward from ``roots``: a root stamped before moves to now (its graph is in use
+    again); and when due (see :data:`STAMP_SHARE` and :data:`DEEP_SHARE`), the roots and the nodes
+    nearest below them are stamped (the whole graph when ``hunting``)."""
     epoch = state.clock.boundaries
     ledger = state.ledger
-    nodes = [node for node in (getattr(t, "grad_fn", None) for t in roots) if node is not None]
-    for node in nodes:
-        ledger.place(node, epoch, refresh=True)
-    if not nodes:
-        return
-    if not (hunting or epoch < DEEP_FIRST or not state.deep_costs):
-        if min(state.deep_costs) > DEEP_SHARE * (_clock() - state.deep_at):
-            return
+    stamped = state.roots
+    for t in roots:
+        try:
+            again = t in stamped
+        except TypeError:  # a tensor subclass without weak references
+            again = False
+        if again:
+            ledger.place(t.grad_fn, epoch, refresh=True)
+    always = hunting or epoch < STAMP_FIRST
     start = _clock()
-    _stamp_below(nodes, ledger, epoch, None if hunting else DEEP_NODES)
-    state.deep_at = _clock()
-    state.deep_costs.append(state.deep_at - start)
+    if not always and start < state.stamp.next:
+        return
+    nodes = []
+    for t in roots:
+        node = getattr(t, "grad_fn", None)
+        if node is not None and ledger.place(node, epoch, refresh=True):
+            nodes.append(node)
+            with contextlib.suppress(TypeError):
+                stamped.add(t)
+    middle = _clock()
+    state.stamp.ran(start, middle)
+    if nodes and (always or middle >= state.deep.next):
+        _stamp_below(nodes, ledger, epoch, None if hunting else DEEP_NODES)
+        state.deep.ran(middle, _clock())
 
 
 def _stamp_below(roots: Sequence[Any], ledger: Ledger, epoch: int, most: int | None) -> None:

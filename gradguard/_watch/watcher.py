@@ -101,7 +101,7 @@ class Watcher:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._history: dict[str, HolderHistory] = {}
-        self._counts = {"boundaries": 0, "audits": 0, "memory": 0, "searches": 0}
+        self._counts = {"audits": 0, "memory": 0, "searches": 0}
         self._recipes: collections.OrderedDict[str, Recipe] = collections.OrderedDict()  # found holders, by name
         self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # the live optimizers known
         self._rescan_at = 0.0
@@ -166,10 +166,14 @@ class Watcher:
         return self._boundary(tuple(map(id, optimizers)) or None, optimizers)
 
     def _boundary(self, source: Hashable, optimizers: tuple[Any, ...]) -> RetentionReport | None:
+        # Every optimizer step of the process comes through here: the common path is kept short.
         if self._backwards is None:
             self.start()
             self._promotions = None  # started at a boundary: what the step before made may be anywhere
-        state = self._state()
+        try:
+            state: ThreadState = self._local.state
+        except AttributeError:
+            state = self._state()
         if state.busy:
             return None
         sequence = torch.autograd._get_sequence_nr()
@@ -178,27 +182,25 @@ class Watcher:
             return None
         state.stepped = {source}
         state.sequence = sequence
-        if source not in state.clock.sources:  # this optimizer's first boundary in this thread
+        held = state.held.get(source)
+        if held is None:  # this optimizer's first boundary in this thread
+            held = state.held[source] = Held(optimizers)
             with self._lock:
                 self._optimizers.update(optimizers)
+                self._started = self._started or _clock()
         boundary = state.clock.tick(source)
-        now = _clock()
-        with self._lock:
-            if self._started is None:
-                self._started = now
-            self._counts["boundaries"] += 1
         mode = resolve(self.mode)
         if mode == OFF:
             return None
-        held = state.held.get(source)
-        if held is None and optimizers:
-            held = state.held[source] = Held(optimizers)
-        counts = held.changed() if held is not None else None
-        reason = state.schedule.boundary(now, boundary, state.ledger.oldest(after=state.horizon), counts)
+        now = _clock()
+        ledger = state.ledger
+        through = boundary - state.schedule.old
+        old = ledger.old(through, after=state.horizon) if ledger.due(through) else None
+        reason = state.schedule.boundary(now, boundary, old, held.changed())
         if reason == "old" and self._revisit(state, boundary, source, optimizers, mode):
             reason = None  # every old graph was in a holder found before, and was acted on by name
             self._measure_repairs(state)
-        elif reason is None and mode == DETACH and state.revisit_due(now):
+        elif reason is None and mode == DETACH and self._recipes and state.revisit_due(now):
             self._revisit(state, boundary, source, optimizers, mode)  # a holder repaired before fills again
             self._measure_repairs(state)
         if reason is None:
@@ -335,8 +337,7 @@ class Watcher:
         state.revisited(_clock() - start)
         if leaks:
             self._act(leaks, mode, user_frame())
-        oldest = state.ledger.oldest(after=state.horizon)
-        return oldest is None or oldest > boundary - state.schedule.old
+        return state.ledger.old(boundary - state.schedule.old, after=state.horizon) is None
 
     def _settle(
         self,
@@ -476,7 +477,7 @@ class Watcher:
                 entry = self._history.get(leak.finding.key)
                 if entry is None:
                     entry = self._history[leak.finding.key] = HolderHistory(leak.finding.key, named(r), r.fix)
-                    entry.found_at = self._counts["boundaries"]
+                    entry.found_at = self._boundaries()
                 elif entry.outcome != BOUNDED and outcome == BOUNDED:
                     continue  # a leak found before stays a leak, even at an audit that saw one step of it
                 entry.path, entry.fix, entry.tensors, entry.pinned_bytes = named(r), r.fix, r.tensors, r.pinned_bytes
@@ -563,7 +564,11 @@ class Watcher:
     @property
     def boundaries(self) -> int:
         """Step boundaries counted so far, all threads."""
-        return self._counts["boundaries"]
+        with self._lock:
+            return self._boundaries()
+
+    def _boundaries(self) -> int:
+        return sum(state.clock.boundaries for state in self._states)  # each thread counts its own
 
     @property
     def audits(self) -> int:
@@ -695,7 +700,7 @@ def _weak_listener(watcher: Watcher) -> backwards.Listener:
     def listener(roots: Sequence[Any]) -> None:
         target = ref()
         if target is not None:
-            target._on_backward(roots)
+            stamp_backward(target._state(), roots, hunting=target.every != "auto")
 
     return listener
 
