@@ -37,6 +37,7 @@ _FAILED_KEY = pytest.StashKey[bool]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--gradguard=MODE`` and ``--gradguard-audit=N``."""
     parser.getgroup("gradguard").addoption(
         "--gradguard",
         metavar="MODE",
@@ -53,6 +54,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """The marker; with an option, the session's scopes, each option checked first (a bad one is a usage error)."""
     config.addinivalue_line(
         "markers",
         "gradguard(mode=None, engines='auto', stores=None, audit=None): run this test inside "
@@ -85,6 +87,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session's scopes, left."""
     _unconfigure(config)
 
 
@@ -118,6 +121,7 @@ def _marker(item: pytest.Item) -> tuple[dict[str, Any], Any] | None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    """After the test's fixtures: its watch (the marker's, else the session's) and the mark it is judged from."""
     result = yield
     marker = item.get_closest_marker("gradguard")
     audit = None if marker is None or marker.args else marker.kwargs.get("audit")
@@ -139,6 +143,7 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """The test's call inside the marker's scopes; the session's watch steps aside for a marker's own."""
     marked = _marker(item)
     if marked is None:
         return (yield)
@@ -163,6 +168,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    """Remembers a failed call: such a test is not checked at its end (its traceback keeps its locals)."""
     report: Any = yield
     if call.when == "call" and report.failed:
         item.stash[_FAILED_KEY] = True
@@ -171,6 +177,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the teardown: the graphs the test made that are still alive fail it (or warn)."""
     result = yield
     watching: Any
     watching, mark = item.stash.get(_TEST_KEY, (None, None))
@@ -184,7 +191,11 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.fixture
 def gradguard_probe() -> Iterator[Any]:
-    """A CPU :class:`gradguard.testing.MemoryProbe`, entered for the test: call ``.step()`` per iteration."""
+    """A CPU :class:`gradguard.testing.MemoryProbe`, entered for the test: call ``.step()`` per iteration.
+
+    Yields:
+        The probe.
+    """
     from gradguard.testing import MemoryProbe
 
     with MemoryProbe() as probe:

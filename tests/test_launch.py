@@ -76,6 +76,8 @@ def test_the_origin_prefixes_the_watch_warnings() -> None:
         ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "8"}, "rank 0/8", "OMPI_COMM_WORLD_RANK"),
         ({"RANK": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, "rank 2", "RANK"),  # torchrun under srun: RANK wins
         ({"RANK": "x", "WORLD_SIZE": "2"}, "pid PID", None),
+        ({"RANK": "²", "WORLD_SIZE": "2"}, "pid PID", None),  # str.isdigit takes it, int() does not
+        ({"RANK": "1", "WORLD_SIZE": "٣"}, "rank 1", "RANK"),
         ({}, "pid PID", None),
     ],
 )

@@ -26,7 +26,11 @@ __all__ = ["current", "current_class", "provide_roots"]
 
 
 def current() -> tuple[Any, str] | None:
-    """``(instance, class name)`` of the Ray actor this process runs, or ``None``."""
+    """The Ray actor this process runs.
+
+    Returns:
+        ``(instance, class name)``, or ``None`` (not a Ray actor's worker, or Ray not initialised).
+    """
     ray = sys.modules.get("ray")
     if ray is None:
         return None
@@ -47,7 +51,11 @@ def current() -> tuple[Any, str] | None:
 
 
 def current_class() -> str | None:
-    """The class name of the Ray actor this process runs, or ``None``."""
+    """The Ray actor this process runs.
+
+    Returns:
+        Its class name, or ``None``.
+    """
     found = current()
     return None if found is None else found[1]
 

@@ -24,6 +24,7 @@ import socket
 import sys
 from collections.abc import Mapping
 
+from .._policy.validate import read_count
 from . import _actor
 
 __all__ = ["HOST", "Identity", "identify", "started"]
@@ -53,7 +54,8 @@ class Identity:
 
     @property
     def label(self) -> str:
-        """``rank 1/2``, ``actor Trainer``, ``rank 0/4, actor Worker``; the pid when neither is known."""
+        """How a summary names it: ``rank 1/2``, ``actor Trainer``, ``rank 0/4, actor Worker``; the pid when
+        neither is known."""
         parts = []
         if self.rank is not None:
             parts.append(f"rank {self.rank}" + ("" if self.world_size is None else f"/{self.world_size}"))
@@ -68,13 +70,9 @@ class Identity:
             return f"pid {self.pid} on {self.host}"
         return f"{self.label}, pid {self.pid} on {self.host}"
 
-    def to_dict(self) -> dict[str, object]:
-        return {**dataclasses.asdict(self), "label": self.label}
-
 
 def _number(environ: Mapping[str, str], name: str) -> int | None:
-    text = environ.get(name, "").strip()
-    return int(text) if text.isdigit() else None
+    return read_count(environ.get(name))
 
 
 def _distributed() -> tuple[int, int] | None:
@@ -88,7 +86,15 @@ def _distributed() -> tuple[int, int] | None:
 
 
 def identify(environ: Mapping[str, str] | None = None) -> Identity:
-    """This process, now (see the module documentation for the order of the sources)."""
+    """This process, now.
+
+    Args:
+        environ: Where the launcher's variables are read (``os.environ`` by default); an initialised
+            ``torch.distributed`` wins over them (the module documentation gives the order).
+
+    Returns:
+        Its identity.
+    """
     environ = os.environ if environ is None else environ
     rank = world = local = None
     source = None
@@ -108,9 +114,15 @@ def identify(environ: Mapping[str, str] | None = None) -> Identity:
 
 
 def started(pid: int | str = "self") -> int | None:
-    """When the process ``pid`` started, in clock ticks since boot (Linux ``/proc/PID/stat``); ``None``
-    where unknown. ``exec`` keeps it, as it keeps the pid: together they name one process across the
-    programs it runs, which a pid alone does not (pids are reused)."""
+    """When a process started. ``exec`` keeps it, as it keeps the pid: together they name one process
+    across the programs it runs, which a pid alone does not (pids are reused).
+
+    Args:
+        pid: The process (``"self"``: this one).
+
+    Returns:
+        Clock ticks since boot (Linux ``/proc/PID/stat``), or ``None`` where unknown.
+    """
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
             fields = f.read().rsplit(")", 1)[1].split()

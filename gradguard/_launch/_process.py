@@ -47,7 +47,11 @@ _current: _Process | None = None
 
 
 def setup(environ: Mapping[str, str] | None = None) -> None:
-    """Set this process up for the run (the module documentation says what); a second call does nothing."""
+    """Set this process up for the run (the module documentation says what); a second call does nothing.
+
+    Args:
+        environ: Where the run's settings are read (``os.environ`` by default).
+    """
     global _current
     with _lock:
         if _current is None:

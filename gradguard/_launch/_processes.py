@@ -44,8 +44,15 @@ def _key(r: ProcessReport) -> Hashable:
 
 def combined(reports: Sequence[ProcessReport]) -> list[ProcessReport]:
     """The reports with those of one process (the programs it ran through ``exec``: the same pid and start
-    time) merged into one: the latest program's identity, the figures added up, every holder (the latest
-    program's record of each), ``top`` if any program was."""
+    time) merged into one.
+
+    Args:
+        reports: The run's process reports.
+
+    Returns:
+        One record per process: the latest program's identity, the figures added up, every holder (the
+        latest program's record of each), ``top`` if any program was.
+    """
     groups: dict[Hashable, list[ProcessReport]] = {}
     for r in reports:
         groups.setdefault(_key(r), []).append(r)
@@ -69,7 +76,14 @@ def combined(reports: Sequence[ProcessReport]) -> list[ProcessReport]:
 
 
 def labels(reports: Sequence[ProcessReport]) -> list[str]:
-    """One label per report, unique: the rank or actor, and the pid (and host) where they would repeat."""
+    """How the summary names each process.
+
+    Args:
+        reports: The processes.
+
+    Returns:
+        One label per report, unique: the rank or actor, and the pid (and host) where they would repeat.
+    """
     hosts = {r.host for r in reports}
     base = [r.label or f"pid {r.pid}" for r in reports]
     base = [f"{b} (the command)" if r.top and b.startswith("pid ") else b for r, b in zip(reports, base)]
@@ -93,14 +107,27 @@ def _kind(r: ProcessReport) -> str:
 
 
 def named(r: ProcessReport) -> bool:
-    """Whether a process is named, never counted by kind: the command, a rank, an actor."""
+    """Whether a process is named, never counted by kind.
+
+    Args:
+        r: The process.
+
+    Returns:
+        ``True`` for the command, a rank, an actor.
+    """
     return r.top or r.rank is not None or r.actor is not None
 
 
 def idle_text(idle: Sequence[tuple[str, ProcessReport]]) -> str:
-    """``pid 100 (the command), rank 3/4, 12 multiprocessing children``: the processes that ran no
-    optimizer step, the named ones (the command, a rank, an actor) by name, the rest by kind, one by
-    one only while there are few."""
+    """The processes that ran no optimizer step, in a few words.
+
+    Args:
+        idle: Each one's label and report.
+
+    Returns:
+        ``pid 100 (the command), rank 3/4, 12 multiprocessing children``: the named ones (the command, a
+        rank, an actor) by name, the rest by kind, one by one only while there are few.
+    """
     names = [label for label, r in idle if named(r)]
     rest = [(label, r) for label, r in idle if not named(r)]
     if len(rest) <= _LISTED:
@@ -120,7 +147,14 @@ def idle_text(idle: Sequence[tuple[str, ProcessReport]]) -> str:
 
 
 def ranks_text(ranks: Sequence[int]) -> str:
-    """``rank 3``, ``ranks 0-3``, ``ranks 0,2``."""
+    """Ranks, as a summary says them.
+
+    Args:
+        ranks: The ranks (in any order, repeats allowed).
+
+    Returns:
+        ``rank 3``, ``ranks 0-3``, ``ranks 0,2``.
+    """
     ranks = sorted(set(ranks))
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
@@ -130,9 +164,18 @@ def ranks_text(ranks: Sequence[int]) -> str:
 
 
 def missing_ranks(processes: Sequence[ProcessReport], prog: str) -> list[str]:
-    """A line per world some of whose ranks reported and others did not. A rank that is itself the command
-    of its run (``torchrun ... -m gradguard run``: one run per rank) has the other ranks in runs of their
-    own: nothing is said of them."""
+    """What is known of the ranks that did not report.
+
+    A rank that is itself the command of its run (``torchrun ... -m gradguard run``: one run per rank)
+    has the other ranks in runs of their own: nothing is said of them.
+
+    Args:
+        processes: The processes that reported.
+        prog: The command whose lines these are.
+
+    Returns:
+        A line per world some of whose ranks reported and others did not.
+    """
     worlds: dict[int, set[int]] = {}
     for r in processes:
         if r.rank is not None and r.world_size and not r.top:
@@ -149,7 +192,16 @@ def missing_ranks(processes: Sequence[ProcessReport], prog: str) -> list[str]:
 
 
 def not_reached(unset: Sequence[NotSetUp], nested: Sequence[NestedRun], prog: str) -> list[str]:
-    """A line per process the bootstrap could not set gradguard up in, and per nested ``gradguard run``."""
+    """What is known of the processes gradguard was not set up in.
+
+    Args:
+        unset: The processes the bootstrap reached but could not set gradguard up in.
+        nested: The ``gradguard run`` commands started inside this run.
+        prog: The command whose lines these are.
+
+    Returns:
+        A line per process not set up, and per nested run with its outcome.
+    """
     lines = []
     for u in unset:
         who = f"pid {u.pid} (the command)" if u.top else f"pid {u.pid}"
@@ -174,7 +226,16 @@ def not_reached(unset: Sequence[NotSetUp], nested: Sequence[NestedRun], prog: st
 
 
 def unreported(folder: str, hint: str | None, prog: str) -> str:
-    """The summary of a run no process reported to (and with no line above saying why)."""
+    """The summary of a run no process reported to (and with no line above saying why).
+
+    Args:
+        folder: The run folder.
+        hint: What the launcher knows of a process it cannot reach, or ``None``.
+        prog: The command whose lines these are.
+
+    Returns:
+        One line: nothing was checked, and why that can be.
+    """
     where = f" to {folder}" if folder else ""
     if hint:  # what the launcher knows: the command's own Python is out of reach
         return (

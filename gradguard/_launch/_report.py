@@ -45,6 +45,7 @@ __all__ = [
     "NotSetUp",
     "ProcessReport",
     "Record",
+    "ReportHead",
     "content",
     "nested_record",
     "to_json",
@@ -56,8 +57,8 @@ VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)
-class ProcessReport:
-    """A process gradguard was set up in, as its report says.
+class ReportHead:
+    """What every report says of the process that wrote it (or for which it was written).
 
     Attributes:
         run: The run id (``""``: the variables were set by hand without one).
@@ -67,6 +68,22 @@ class ProcessReport:
         argv: Its ``sys.argv``.
         error: Why it is not (fully) checked, or ``None``.
         written: When the report was written (a Unix time).
+    """
+
+    run: str
+    pid: int
+    host: str
+    top: bool
+    argv: tuple[str, ...]
+    error: str | None
+    written: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessReport(ReportHead):
+    """A process gradguard was set up in, as its report says (and :class:`ReportHead`'s fields).
+
+    Attributes:
         started: Clock ticks since boot at its start, kept by ``exec``: one process across its programs.
         rank: Its rank, where known.
         world_size: Its world's size, where known.
@@ -83,13 +100,6 @@ class ProcessReport:
         at_exit: Written by its exit handler (``False``: at its last audit).
     """
 
-    run: str
-    pid: int
-    host: str
-    top: bool
-    argv: tuple[str, ...]
-    error: str | None
-    written: float
     started: int | None
     rank: int | None
     world_size: int | None
@@ -107,36 +117,21 @@ class ProcessReport:
 
 
 @dataclasses.dataclass(frozen=True)
-class NotSetUp:
+class NotSetUp(ReportHead):
     """A process that imported torch where the bootstrap could not set gradguard up (an interpreter without
-    gradguard installed), written by the bootstrap itself: ``executable`` is its Python; the other
-    fields as for :class:`ProcessReport`."""
+    gradguard installed), written by the bootstrap itself: ``executable`` is its Python, ``started`` as
+    for :class:`ProcessReport`."""
 
-    run: str
-    pid: int
-    host: str
-    top: bool
-    argv: tuple[str, ...]
-    error: str | None
-    written: float
     executable: str
     started: int | None
 
 
 @dataclasses.dataclass(frozen=True)
-class NestedRun:
+class NestedRun(ReportHead):
     """A ``gradguard run`` started inside this run, which watched its own command and printed its own
     summary: ``folder`` and ``nested_run`` say where its reports are, ``code`` is its exit status,
-    ``raised``, ``reached`` and ``checked`` its summary's outcome; the other fields as for
-    :class:`ProcessReport`."""
+    ``raised``, ``reached`` and ``checked`` its summary's outcome."""
 
-    run: str
-    pid: int
-    host: str
-    top: bool
-    argv: tuple[str, ...]
-    error: str | None
-    written: float
     folder: str
     nested_run: str
     code: int = dataclasses.field(metadata={"kind": "integer"})  # an exit status may be negative
@@ -177,7 +172,14 @@ STATS_FIELDS = _schema(SiteStats)
 
 
 def to_json(record: Record) -> dict[str, Any]:
-    """The JSON object of a report file for ``record``."""
+    """A report file's JSON object.
+
+    Args:
+        record: The report.
+
+    Returns:
+        ``format``, ``version`` and ``kind``, then the record's fields (tuples as lists).
+    """
     kind = next(name for name, cls in KINDS.items() if isinstance(record, cls))
     fields = {
         name: list(value) if isinstance(value, tuple) else value for name, value in dataclasses.asdict(record).items()
@@ -344,7 +346,23 @@ def nested_record(
     *, run: str, pid: int, host: str, top: bool, folder: str, nested_run: str, code: int, raised: bool,
     reached: int, checked: bool,
 ) -> NestedRun:  # fmt: skip
-    """The record a ``gradguard run`` started inside another run leaves in the outer run's folder."""
+    """The record a ``gradguard run`` started inside another run leaves in the outer run's folder.
+
+    Args:
+        run: The outer run's id.
+        pid: This process's pid.
+        host: Its host.
+        top: Whether it is the command the outer ``gradguard run`` started.
+        folder: This run's folder.
+        nested_run: This run's id.
+        code: This run's exit status.
+        raised: Whether a process of this run found a leak in ``raise`` mode.
+        reached: How many processes reported to this run.
+        checked: Whether any step boundary was audited.
+
+    Returns:
+        The record, for :func:`write`.
+    """
     return NestedRun(
         run=run, pid=pid, host=host, top=top, argv=tuple(str(a) for a in sys.argv), error=None, written=time.time(),
         folder=folder, nested_run=nested_run, code=code, raised=raised, reached=reached, checked=checked,
@@ -352,8 +370,15 @@ def nested_record(
 
 
 def write(path: str, report: Record | Mapping[str, Any]) -> None:
-    """Replace ``path`` with ``report`` (a record, or its JSON object) in one step: a reader sees the old
-    file or the new one."""
+    """Write a report file in one step: a reader sees the old file or the new one.
+
+    Args:
+        path: The file.
+        report: A record, or its JSON object.
+
+    Raises:
+        OSError: the file cannot be written (the old one, if any, is left as it was).
+    """
     document = to_json(report) if dataclasses.is_dataclass(report) else report
     temporary = f"{path}.{os.getpid()}.tmp"
     with open(temporary, "w", encoding="utf-8") as f:

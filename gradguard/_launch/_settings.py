@@ -65,7 +65,14 @@ RUN_ID_ACCEPTED = "1 to 64 letters, digits or '_' (gradguard run and gradguard e
 
 
 def check_run_id(value: str, *, what: str = RUN_ID) -> str:
-    """``value`` when it is a run id a report's file name can carry.
+    """A run id, checked: one a report's file name can carry.
+
+    Args:
+        value: The run id.
+        what: The option or variable it came from, for the error.
+
+    Returns:
+        ``value``.
 
     Raises:
         GradGuardError: naming ``what``, the value and what is accepted.
@@ -76,21 +83,41 @@ def check_run_id(value: str, *, what: str = RUN_ID) -> str:
 
 
 def new_run_id() -> str:
-    """A run id no other run takes: twelve random hexadecimal digits."""
+    """A new run's id.
+
+    Returns:
+        Twelve random hexadecimal digits: no other run takes it.
+    """
     return os.urandom(6).hex()
 
 
 def given(environ: Mapping[str, str], name: str) -> str | None:
-    """``environ[name]``, with an empty or blank value counting as unset."""
+    """A variable's value, an empty or blank one counting as unset.
+
+    Args:
+        environ: The environment.
+        name: The variable.
+
+    Returns:
+        ``environ[name]``, or ``None`` when it is unset, empty or blank.
+    """
     value = environ.get(name)
     return value if value is not None and value.strip() else None
 
 
 class Settings:
-    """What one process reads from its environment: ``report_dir``, ``run`` (the run id, ``""`` when the
-    variables were set by hand without one), ``every`` (``None``: no watch), ``parent`` (the pid of
-    ``gradguard run``, or ``None``) and ``errors`` (bad values, said once in the report and on stderr:
-    a bad watch setting turns the watch off)."""
+    """What one process reads from its environment; a bad value is kept in ``errors``, never raised.
+
+    Args:
+        environ: The environment (``os.environ`` by default).
+
+    Attributes:
+        report_dir: The run folder.
+        run: The run id (``""`` when the variables were set by hand without one).
+        every: The watch's ``every`` (``None``: no watch).
+        parent: The pid of ``gradguard run``, or ``None``.
+        errors: Bad values, said once in the report and on stderr (a bad watch setting turns the watch off).
+    """
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         environ = os.environ if environ is None else environ
@@ -108,8 +135,7 @@ class Settings:
                 self.run = check_run_id(run)
             except GradGuardError as exc:
                 self.errors.append(f"{exc}; this process's report carries no run id")
-        parent = (given(environ, PARENT) or "").strip()
-        self.parent = int(parent) if parent.isascii() and parent.isdigit() else None
+        self.parent = validate.read_count(environ.get(PARENT))
 
 
 def _every_text(every: Every | None) -> str:
@@ -117,8 +143,17 @@ def _every_text(every: Every | None) -> str:
 
 
 def exports(report_dir: str, every: Every | None, mode: str | None, run: str) -> dict[str, str]:
-    """The variables to set for a process to report into ``report_dir`` for the run ``run``
-    (``PYTHONPATH`` not included)."""
+    """The variables that make a process report into a run folder.
+
+    Args:
+        report_dir: The run folder (made absolute).
+        every: The watch's ``every`` (``None``: no watch).
+        mode: The mode, or ``None`` to leave ``GRADGUARD`` as it is.
+        run: The run id.
+
+    Returns:
+        The variables and their values, ``PYTHONPATH`` not included.
+    """
     variables = {REPORT_DIR: os.path.abspath(report_dir), RUN_ID: run, AUDIT: _every_text(every)}
     if mode is not None:
         variables[MODE] = mode
@@ -126,11 +161,17 @@ def exports(report_dir: str, every: Every | None, mode: str | None, run: str) ->
 
 
 def python_path(current: str | None) -> str:
-    """``PYTHONPATH`` with the bootstrap folder first (once), then ``current``'s entries as they were.
+    """``PYTHONPATH`` with the bootstrap folder first.
 
     Every other entry is kept, in its order, the empty ones too: an empty entry means the current
     directory (``PYTHONPATH=':/lib'``), so dropping one would change what the program imports. An unset
     or empty ``PYTHONPATH`` has no entries (Python ignores an empty value).
+
+    Args:
+        current: The ``PYTHONPATH`` now, or ``None``.
+
+    Returns:
+        The bootstrap folder (once), then ``current``'s entries as they were.
     """
     if not current:
         return BOOTSTRAP
@@ -141,9 +182,19 @@ def python_path(current: str | None) -> str:
 def child_environment(
     report_dir: str, every: Every | None, mode: str | None, run: str, base: Mapping[str, str] | None = None
 ) -> dict[str, str]:
-    """The whole environment of the command ``gradguard run`` starts: ``base`` (``os.environ``) with the
-    bootstrap first on ``PYTHONPATH``, the settings, this process's pid as the parent, and no
-    ``GRADGUARD_AUDIT``."""
+    """The whole environment of the command ``gradguard run`` starts.
+
+    Args:
+        report_dir: As for :func:`exports`.
+        every: As for :func:`exports`.
+        mode: As for :func:`exports`.
+        run: As for :func:`exports`.
+        base: The environment to start from (``os.environ`` by default).
+
+    Returns:
+        ``base`` with the bootstrap first on ``PYTHONPATH``, the settings, this process's pid as the
+        parent, and no ``GRADGUARD_AUDIT``.
+    """
     environ = dict(os.environ if base is None else base)
     environ.pop(AUDIT_ENV, None)
     environ.update(exports(report_dir, every, mode, run))

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from .._errors import GradGuardError
 from .._policy import validate
@@ -22,8 +22,14 @@ from .._policy.validate import Every
 from ._settings import AUDIT_ENV, PARENT, REPORT_DIR, RUN_ID, check_run_id, given
 
 if TYPE_CHECKING:
+    import signal
+    import subprocess
+    import types
+
     from ._merge import Merged
     from ._report import Record
+
+    Handler = Callable[[int, types.FrameType | None], object] | int | signal.Handlers | None
 
 __all__ = ["RUN_USAGE", "env", "report", "run", "settings_options"]
 
@@ -35,16 +41,20 @@ _PROGRAMS = "a program on PATH (torchrun, accelerate, deepspeed, python, ...)"
 
 
 def settings_options(parser: argparse.ArgumentParser) -> None:
-    """The options ``gradguard run`` and ``gradguard env`` share."""
+    """Add the options ``gradguard run`` and ``gradguard env`` share.
+
+    Args:
+        parser: The command's parser.
+    """
     parser.add_argument(
         "--mode", help="off, detach, warn or raise (default: GRADGUARD, else detach); the watch's mode too"
     )
     parser.add_argument(
         "--audit-every",
         metavar="N",
-        help="audit every N-th optimizer step in each process; auto (the default, or GRADGUARD_AUDIT when set): "
-        "when the memory in use grows, and behind that as often as keeps the audits within a small share of "
-        "the run's time; 0/off: no watch",
+        help="each process's watch: auto (the default, or GRADGUARD_AUDIT when set) checks the first boundaries, "
+        "then audits when a signal read at every boundary says a graph outlived its step or memory grew, within a "
+        "small share of the run's time; N acts on every N-th boundary's signals at any cost; 0/off: no watch",
     )
     parser.add_argument(
         "--report-dir",
@@ -141,8 +151,14 @@ _PYTHON_FLAGS = {"I": "ignores PYTHONPATH (-I)", "E": "ignores PYTHONPATH (-E)",
 
 
 def python_flags(command: Sequence[str]) -> str | None:
-    """Why the bootstrap cannot reach ``command``'s own process, when it is a Python started with ``-I``,
-    ``-E`` or ``-S``; ``None`` otherwise."""
+    """Why the bootstrap cannot reach a command's own process.
+
+    Args:
+        command: The command line ``gradguard run`` starts.
+
+    Returns:
+        The reason when it is a Python started with ``-I``, ``-E`` or ``-S``; ``None`` otherwise.
+    """
     import re
 
     if not command or not (
@@ -221,7 +237,15 @@ def _report_dir(given_dir: str | None, prog: str) -> str | None:
 
 
 def run(argv: list[str]) -> int:
-    """``gradguard run ARGS``: the exit status (the command's; 2 for a refusal)."""
+    """``gradguard run``.
+
+    Args:
+        argv: Its arguments: its own options, then the command and the command's arguments.
+
+    Returns:
+        The exit status: the command's (128+N when signal N ended it), 1 when it exited 0 but a process
+        found a leak in ``raise`` mode, 2 for a refusal (nothing started).
+    """
     from ._settings import child_environment, new_run_id
 
     own, target = _split_run(argv)
@@ -283,10 +307,9 @@ def _leave_a_record(folder: str, run_id: str, code: int, merged: Merged) -> None
         outer_run = check_run_id(outer_run) if outer_run else ""
     except GradGuardError:
         outer_run = ""  # the process reports say so; this record goes with them
-    parent = (given(os.environ, PARENT) or "").strip()
     record = nested_record(
         run=outer_run, pid=os.getpid(), host=HOST,
-        top=parent.isdigit() and int(parent) == os.getppid(), folder=folder, nested_run=run_id, code=code,
+        top=validate.read_count(os.environ.get(PARENT)) == os.getppid(), folder=folder, nested_run=run_id, code=code,
         raised=merged.raised, reached=merged.reached, checked=merged.checked,
     )  # fmt: skip
     try:
@@ -330,9 +353,9 @@ class _Forwarding:
     that comes before it exists is passed on as soon as it does."""
 
     def __init__(self) -> None:
-        self.child: Any = None
+        self.child: subprocess.Popen[bytes] | None = None
         self.pending: list[int] = []
-        self.saved: dict[int, Any] = {}
+        self.saved: dict[int, Handler] = {}
 
     def __enter__(self) -> _Forwarding:
         import signal
@@ -349,12 +372,12 @@ class _Forwarding:
         for signum, handler in self.saved.items():
             signal.signal(signum, handler)
 
-    def started(self, child: Any) -> None:
+    def started(self, child: subprocess.Popen[bytes]) -> None:
         self.child = child
         while self.pending:
             self._pass_on(self.pending.pop(0))
 
-    def _handle(self, signum: int, frame: Any) -> None:
+    def _handle(self, signum: int, frame: types.FrameType | None) -> None:
         import signal
 
         if signum == signal.SIGINT and _terminal_interrupts_child():
@@ -365,7 +388,7 @@ class _Forwarding:
             self._pass_on(signum)
 
     def _pass_on(self, signum: int) -> None:
-        if self.child.poll() is None:
+        if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
 
 
@@ -386,7 +409,14 @@ def _terminal_interrupts_child() -> bool:
 
 
 def env(args: argparse.Namespace) -> int:
-    """``gradguard env``: the variables, as ``export`` lines or JSON."""
+    """``gradguard env``: print the variables, as ``export`` lines or JSON.
+
+    Args:
+        args: Its parsed options (:func:`settings_options`, and ``--json``).
+
+    Returns:
+        The exit status: 0, or 2 for a refusal.
+    """
     import json
     import shlex
 
@@ -415,8 +445,16 @@ def env(args: argparse.Namespace) -> int:
 
 
 def report(folder: str, run_id: str | None) -> int:
-    """``gradguard report DIR [--run ID]``: 1 when a process found a leak in raise mode, or when a report
-    could not be used (its process may have found one); 2 for a refusal."""
+    """``gradguard report DIR [--run ID]``: print the merged summary of a run folder.
+
+    Args:
+        folder: The run folder.
+        run_id: The run to merge, when the folder holds several (``None``: the only one there).
+
+    Returns:
+        The exit status: 1 when a process found a leak in ``raise`` mode, or when a report could not be
+        used (its process may have found one); 2 for a refusal; 0 otherwise.
+    """
     import datetime
 
     from ._merge import merge

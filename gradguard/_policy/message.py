@@ -28,12 +28,27 @@ OUTCOMES = {
 
 
 def display(name: str) -> str:
-    """``name`` itself when it is plain printable text, else its ``repr``."""
+    """A name from user code, as a message shows it.
+
+    Args:
+        name: A store's name, a call site, a holder's path.
+
+    Returns:
+        ``name`` itself when it is plain printable text, else its ``repr`` (a newline or an escape cannot
+        forge a line).
+    """
     return name if name.isprintable() else repr(name)
 
 
 def human(n: int) -> str:
-    """Bytes for people: ``384 B``, ``1.5 KiB``, ``45.4 MiB``."""
+    """Bytes for people.
+
+    Args:
+        n: A number of bytes.
+
+    Returns:
+        ``384 B``, ``1.5 KiB``, ``45.4 MiB``, ``2.0 GiB`` (GiB the largest unit).
+    """
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if value < 1024 or unit == "GiB":
@@ -43,7 +58,15 @@ def human(n: int) -> str:
 
 
 def plural(n: int, word: str) -> str:
-    """``1 step boundary``, ``3 step boundaries``, ``2 holders``, ``2 processes``, ``4 multiprocessing children``."""
+    """A count and its noun.
+
+    Args:
+        n: The count.
+        word: The noun in the singular (``step boundary``, ``process``, ``multiprocessing child``).
+
+    Returns:
+        ``1 step boundary``, ``3 step boundaries``, ``2 processes``, ``4 multiprocessing children``.
+    """
     if n == 1:
         return f"{n} {word}"
     if word.endswith("y") and word[-2:-1] not in "aeiou":
@@ -54,14 +77,33 @@ def plural(n: int, word: str) -> str:
 
 
 def nodes_text(nodes: int, node_bytes: int) -> str:
-    """``7 (~4.8 KiB)``: a holder's graph nodes and what they take (``shared``: counted for another holder)."""
+    """A holder's graph nodes and what they take, as the watch's tables and messages show them.
+
+    Args:
+        nodes: How many autograd nodes its graphs have.
+        node_bytes: Their estimated bytes (0: counted for another holder that shares them).
+
+    Returns:
+        ``7 (~4.8 KiB)``, ``7 (shared)``, or ``0``.
+    """
     if not nodes:
         return "0"
     return f"{nodes} (~{human(node_bytes)})" if node_bytes else f"{nodes} (shared)"
 
 
 def retention(store: str, site: str, graphs: list[GraphRecord], estimate: int, outcome: str) -> str:
-    """The message for ``graphs`` that reached ``store`` from ``site``; ``outcome`` is a key of ``OUTCOMES``."""
+    """The message for graphs that reached a guarded store.
+
+    Args:
+        store: The store's name.
+        site: The call site that published (``file:line``).
+        graphs: The tensors of the record that carried a graph (the first few are listed).
+        estimate: What one such record pins, in bytes.
+        outcome: What was done: a key of :data:`OUTCOMES` (``refused``, ``detached``, ``kept``).
+
+    Returns:
+        The lines of the warning or error.
+    """
     shown = "\n".join(
         f"    {display(g.path) or '<the record itself>'}  {g.grad_fn}  shape={g.shape} {g.dtype}"
         for g in graphs[:_SHOWN]

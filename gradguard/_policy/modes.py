@@ -169,5 +169,9 @@ def push_enforced(mode: Mode | None) -> contextvars.Token[Mode | None]:
 
 
 def pop_enforced(token: contextvars.Token[Mode | None]) -> None:
-    """Leave the scope mode :func:`push_enforced` entered (``token``: what it returned)."""
+    """Leave the scope mode :func:`push_enforced` entered.
+
+    Args:
+        token: What :func:`push_enforced` returned.
+    """
     _enforced.reset(token)

@@ -38,7 +38,11 @@ _internal = _Internal()
 
 
 def caller() -> types.FrameType | None:
-    """The innermost frame outside gradguard and wrapt, or ``None`` when there is none (a call from C)."""
+    """The frame that called into gradguard.
+
+    Returns:
+        The innermost frame outside gradguard and wrapt, or ``None`` when there is none (a call from C).
+    """
     frame: types.FrameType | None = sys._getframe(1)
     while frame is not None and _internal[frame.f_code.co_filename]:
         frame = frame.f_back
@@ -46,33 +50,52 @@ def caller() -> types.FrameType | None:
 
 
 def user_frame() -> types.FrameType | None:
-    """The innermost frame of the program itself: outside gradguard, wrapt, torch, the standard library
-    and installed packages (accelerate's or transformers' wrapper around ``optimizer.step()``); the
-    innermost frame outside gradguard and wrapt when every frame is a library's."""
+    """The frame of the program's own code that led here.
+
+    Returns:
+        The innermost frame outside gradguard, wrapt, torch, the standard library and installed packages
+        (accelerate's or transformers' wrapper around ``optimizer.step()``); the innermost frame outside
+        gradguard and wrapt when every frame is a library's; ``None`` without one.
+    """
     first = caller()
     return program_frame(first) or first
 
 
 def location(frame: types.FrameType | None) -> str:
-    """``file:line`` of ``frame``; ``<unknown>`` without one."""
+    """Where a frame is.
+
+    Args:
+        frame: A frame, or ``None``.
+
+    Returns:
+        ``file:line`` of ``frame``; ``<unknown>`` without one.
+    """
     return "<unknown>" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
 def set_origin(origin: Callable[[], str | None] | None) -> None:
-    """Where this process's warnings come from: ``origin()`` is read at each warning, and a text it
-    returns prefixes the message in brackets (``[rank 1/2, pid 4242 on node-3] gradguard: ...``).
-    ``gradguard run`` sets it in every process it reaches but the command's own; ``None`` (the
-    default) or an empty text: no prefix."""
+    """Say where this process's warnings come from.
+
+    ``gradguard run`` sets it in every process it reaches but the command's own.
+
+    Args:
+        origin: Read at each warning; a text it returns prefixes the message in brackets (``[rank 1/2,
+            pid 4242 on node-3] gradguard: ...``). ``None`` (the default), or an empty text: no prefix.
+    """
     global _origin
     _origin = origin
 
 
 def warn_at(message: str, category: type[Warning], frame: types.FrameType | None) -> None:
-    """``warnings.warn`` attributed to ``frame``, as a ``stacklevel`` pointing there would be.
+    """``warnings.warn`` attributed to a frame, as a ``stacklevel`` pointing there would be.
 
     The frame's module registry is used, so ``"default"``/``"once"`` filters and pytest's capture
-    behave as for any warning raised at that line. The message is prefixed by the origin, when one is
-    set (:func:`set_origin`).
+    behave as for any warning raised at that line.
+
+    Args:
+        message: The warning's text; prefixed by the origin, when one is set (:func:`set_origin`).
+        category: The warning's class.
+        frame: The frame it is attributed to (``None``: ``<unknown>``).
     """
     tag = None if _origin is None else _origin()
     if tag:

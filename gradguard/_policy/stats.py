@@ -84,7 +84,11 @@ class _Row:
 
 
 class Count:
-    """One thread's counters for one site and mode."""
+    """One thread's counters for one site and mode.
+
+    Args:
+        row: The site's row (its estimate, shared by every thread).
+    """
 
     __slots__ = ("row", "records", "tensors")
 
@@ -92,10 +96,13 @@ class Count:
         self.row, self.records, self.tensors = row, 0, 0
 
     def add(self, tensors: int) -> None:
-        """One more record, from which ``tensors`` distinct tensors were detached.
+        """Count one more record.
 
         Two plain increments: a snapshot taken while this thread publishes may see the record
         before its tensors.
+
+        Args:
+            tensors: The distinct tensors detached from it.
         """
         self.records += 1
         self.tensors += tensors
@@ -160,7 +167,12 @@ def _retire(key: int) -> None:
 
 
 def count_clean(store: str, n: int = 1) -> None:
-    """Count ``n`` records that reached ``store`` carrying nothing to detach."""
+    """Count records that carried nothing to detach.
+
+    Args:
+        store: The store's name.
+        n: How many records.
+    """
     clean = _tally().clean
     clean[store] = clean.get(store, 0) + n
 
@@ -170,19 +182,47 @@ def _key(store: str, mode: Mode, frame: types.FrameType | None) -> tuple[str, in
 
 
 def known_site(store: str, mode: Mode, frame: types.FrameType | None) -> Count | None:
-    """This thread's counters for the site of ``frame``, if it was accounted in ``mode`` already."""
+    """This thread's counters for a call site, when it has counted it in this mode already.
+
+    Args:
+        store: The store's name.
+        mode: The mode the record was published in.
+        frame: The publishing frame (its code object and instruction are the key); ``None``: unknown.
+
+    Returns:
+        The counters, or ``None`` for a site this thread has not seen in ``mode``.
+    """
     return _tally().counts.get(_key(store, mode, frame))
 
 
 def estimate_of(store: str, site: str) -> int | None:
-    """The pinned-bytes estimate already made for ``(store, site)``, by any thread."""
+    """The estimate made for a site already, by any thread.
+
+    Args:
+        store: The store's name.
+        site: ``file:line``.
+
+    Returns:
+        Its pinned bytes per record, or ``None`` when no thread has counted it.
+    """
     with _lock:
         row = _rows.get((store, site))
         return None if row is None else row.estimate
 
 
 def new_site(store: str, mode: Mode, frame: types.FrameType | None, site: str, estimate: int) -> tuple[Count, bool]:
-    """Start counting the site of ``frame`` in this thread; ``(counters, whether the site is new to the process)``."""
+    """Start counting a call site in this thread.
+
+    Args:
+        store: The store's name.
+        mode: The mode the record was published in.
+        frame: The publishing frame, as for :func:`known_site`.
+        site: ``file:line`` of it.
+        estimate: Its pinned bytes per record (kept from the first thread that counts it).
+
+    Returns:
+        ``(this thread's counters, whether the site is new to the process)``.
+    """
     tally = _tally()
     with _lock:
         row = _rows.get((store, site))
@@ -196,10 +236,16 @@ def new_site(store: str, mode: Mode, frame: types.FrameType | None, site: str, e
 
 
 def count_at(store: str, site: str, records: int, tensors: int, estimate: int) -> None:
-    """Count ``records`` records of ``store`` at ``site``, a site named by the caller rather than a line
-    of code (the step-boundary watch: store ``"audit"``, the repaired holder's path as the site), from
-    which ``tensors`` tensors were detached; ``estimate`` is the site's pinned bytes per record, kept
-    from its first count."""
+    """Count records at a site named by the caller rather than a line of code (the step-boundary watch:
+    store ``"audit"``, the repaired holder's path as the site).
+
+    Args:
+        store: The store's name.
+        site: The site's name.
+        records: How many records.
+        tensors: The tensors detached from them.
+        estimate: The site's pinned bytes per record, kept from its first count.
+    """
     tally = _tally()
     key = (store, -1, 0, site)  # no code object has id -1: never a line-of-code site's key
     count = tally.counts.get(key)
@@ -214,7 +260,16 @@ def count_at(store: str, site: str, records: int, tensors: int, estimate: int) -
 
 
 def claim_warning(store: str, site: str, kind: str) -> bool:
-    """True the first time ``(store, site, kind)`` asks, in any thread (until :func:`reset_stats`)."""
+    """Whether a warning is to be shown: once per site and kind, in any thread, until :func:`reset_stats`.
+
+    Args:
+        store: The store's name.
+        site: The site.
+        kind: What the warning is about (``"warn"``, a repair's outcome).
+
+    Returns:
+        ``True`` the first time ``(store, site, kind)`` asks.
+    """
     with _lock:
         key = (store, site, kind)
         if key in _warned:
@@ -224,13 +279,24 @@ def claim_warning(store: str, site: str, kind: str) -> bool:
 
 
 def release_warning(store: str, site: str, kind: str) -> None:
-    """Undo :func:`claim_warning` (the warning was turned into an exception, so it was not shown)."""
+    """Undo :func:`claim_warning` (the warning was turned into an exception, so it was not shown).
+
+    Args:
+        store: As for :func:`claim_warning`.
+        site: As for :func:`claim_warning`.
+        kind: As for :func:`claim_warning`.
+    """
     with _lock:
         _warned.discard((store, site, kind))
 
 
 def stats() -> Stats:
-    """A snapshot of the per-site counters of every guarded store in this process."""
+    """The counters of every guarded store in this process.
+
+    Returns:
+        A snapshot, ``{(store, site): SiteStats}``: every thread's counts, ended threads' included;
+        ``str()`` of it is a table.
+    """
     with _lock:
         tallies = [t for t in _live.values() if t.generation == _generation]
         # dict() and list() of a dict are single C calls: a publishing thread cannot change them midway

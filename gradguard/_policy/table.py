@@ -9,7 +9,15 @@ __all__ = ["markdown", "text"]
 
 
 def text(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Columns padded to their widest cell, a rule under the header, no trailing spaces."""
+    """A plain-text table.
+
+    Args:
+        header: The column names.
+        rows: The cells, one sequence per row, as many as ``header``.
+
+    Returns:
+        Columns padded to their widest cell, a rule of dashes under the header, no trailing spaces.
+    """
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -17,7 +25,15 @@ def text(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A GitHub-flavoured Markdown table (``|`` in a cell is escaped)."""
+    """A GitHub-flavoured Markdown table.
+
+    Args:
+        header: The column names.
+        rows: The cells, one sequence per row.
+
+    Returns:
+        The table's lines (``|`` in a cell is escaped).
+    """
 
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"

@@ -28,6 +28,7 @@ __all__ = [
     "every",
     "number",
     "output_file",
+    "read_count",
     "refusal",
     "whole",
 ]
@@ -99,6 +100,21 @@ def whole(
     raise refusal(what, value, accepted or f"a whole number >= {least}", within=within)
 
 
+def read_count(text: str | None) -> int | None:
+    """A whole number >= 0 that another program set (a rank, a pid), where none of gradguard's options is
+    wrong when it is not one.
+
+    Args:
+        text: The variable's value, or ``None``.
+
+    Returns:
+        The number, or ``None`` for anything else (blanks around it are ignored).
+    """
+    if text is None or not _WHOLE.fullmatch(text.strip()) or text.strip()[:1] in "+-":
+        return None
+    return int(text.strip())
+
+
 def number(
     value: object,
     *,
@@ -159,7 +175,15 @@ def choice(value: object, choices: Mapping[str, T], *, what: str, accepted: str,
 
 
 def every(value: object, *, what: str = "every", accepted: str = EVERY_ACCEPTED) -> Every:
-    """The watch's ``every``: a positive whole number (an ``int`` or its digits) or ``"auto"`` (any case).
+    """The watch's ``every``.
+
+    Args:
+        value: A positive whole number (an ``int`` or its digits) or ``"auto"`` (any case).
+        what: The option, as :func:`refusal` names it.
+        accepted: What the message says is accepted.
+
+    Returns:
+        The ``int``, or ``"auto"``.
 
     Raises:
         GradGuardError: anything else, naming ``what``, the value and what is accepted.
@@ -170,8 +194,15 @@ def every(value: object, *, what: str = "every", accepted: str = EVERY_ACCEPTED)
 
 
 def audit(value: object, *, what: str = "audit") -> Every | None:
-    """An ``audit`` setting (``enforce(audit=)``, ``GRADGUARD_AUDIT``, ``--audit-every``): ``every``, or
-    ``None`` for no watch (``0``, ``off``, ``false``, ``no``, ``none`` in any case, or ``None``).
+    """An ``audit`` setting (``enforce(audit=)``, ``GRADGUARD_AUDIT``, ``--audit-every``).
+
+    Args:
+        value: What :func:`every` takes, or ``0``, ``off``, ``false``, ``no``, ``none`` (any case) or
+            ``None`` for no watch.
+        what: The option, as :func:`refusal` names it.
+
+    Returns:
+        ``every``, or ``None`` for no watch.
 
     Raises:
         GradGuardError: anything else, an empty string included, naming ``what``, the value and what is
@@ -186,6 +217,10 @@ def audit(value: object, *, what: str = "audit") -> Every | None:
 
 def output_file(value: str, *, what: str) -> str:
     """A path to write a file to, checked before the work that fills it: its folder exists and is writable.
+
+    Args:
+        value: The path.
+        what: The option, as :func:`refusal` names it.
 
     Returns:
         ``value``.

@@ -10,7 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from .bench.scenarios import Size
 
 __all__ = ["main"]
 
@@ -52,7 +57,14 @@ def _check_bench(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The ``gradguard`` command: its exit status."""
+    """The ``gradguard`` command.
+
+    Args:
+        argv: Its arguments (``sys.argv[1:]`` by default).
+
+    Returns:
+        The exit status (2 for a refusal: a bad option is named with what is accepted).
+    """
     from .._launch import commands
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -231,12 +243,13 @@ def _bench(args: argparse.Namespace) -> int:
     return _measure(args, device, "scenarios", names, len(names) * 2 * micro_batches, run, table, plot, verdicts)
 
 
-def _late_leak(args: argparse.Namespace, device: Any, size: Any, names: list[str]) -> int:
+def _late_leak(args: argparse.Namespace, device: torch.device, size: Size, names: list[str]) -> int:
+    from .._policy.validate import refusal
     from .bench.late_leak import run_late_leak
     from .bench.report import late_plot, late_table, late_verdicts
 
     if args.leak_start >= args.steps:
-        return _fail(f"--leak-start {args.leak_start} must come before the last of --steps {args.steps}")
+        return _fail(str(refusal("--leak-start", args.leak_start, f"a step before the last of --steps ({args.steps})")))
 
     def run(name: str, tick: Callable[[], None]) -> Any:
         return run_late_leak(
@@ -249,7 +262,7 @@ def _late_leak(args: argparse.Namespace, device: Any, size: Any, names: list[str
 
 def _measure(
     args: argparse.Namespace,
-    device: Any,
+    device: torch.device,
     key: str,
     names: list[str],
     total: int,
@@ -287,7 +300,7 @@ def _measure(
     return 1 if failed else 0
 
 
-def _te_unavailable(device: Any) -> str | None:
+def _te_unavailable(device: torch.device) -> str | None:
     if device.type != "cuda":
         return "Transformer Engine runs on CUDA only"
     from .doctor import te_import_error
@@ -296,12 +309,23 @@ def _te_unavailable(device: Any) -> str | None:
     return None if error is None else f"transformer_engine does not import ({error})"
 
 
-def _progress(total: int, disabled: bool) -> tuple[Any, Any]:
-    if disabled or not sys.stderr.isatty():
-        return (lambda: None), (lambda: None)
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return (lambda: None), (lambda: None)
-    bar = tqdm(total=total, unit="micro-batch", leave=False)
-    return (lambda: bar.update(1)), bar.close
+def _progress(total: int, disabled: bool) -> tuple[Callable[[], None], Callable[[], None]]:
+    """``(tick, close)`` of a progress bar on a terminal (tqdm), else two functions that do nothing."""
+    bar = None
+    if not disabled and sys.stderr.isatty():
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            pass
+        else:
+            bar = tqdm(total=total, unit="micro-batch", leave=False)
+
+    def tick() -> None:
+        if bar is not None:
+            bar.update(1)
+
+    def close() -> None:
+        if bar is not None:
+            bar.close()
+
+    return tick, close

@@ -12,7 +12,7 @@ import os
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import Optimizer, register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 
 from .._errors import GradGuardError
@@ -41,16 +41,18 @@ class WatchInstall(Install):
         self.handle: RemovableHandle | None = None
 
     def install(self) -> None:
+        """Start the watcher and register the hook."""
         self.watcher.start()
         self.handle = register_optimizer_step_post_hook(self._hook)
 
     def uninstall(self) -> None:
+        """Remove the hook and close the watcher."""
         if self.handle is not None:
             self.handle.remove()
             self.handle = None
         self.watcher.close()
 
-    def _hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _hook(self, optimizer: Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.watcher.boundary(optimizer)
 
 
@@ -166,7 +168,7 @@ class _ProcessWatch:
             self.watcher = Watcher(every=every)
             self.watcher.start()
 
-    def _hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _hook(self, optimizer: Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self.watcher is None and not self.off:
             self._make()
         if self.watcher is not None:

@@ -33,7 +33,19 @@ MissingFrameworkError.__module__ = "gradguard.integrations"
 
 
 def import_framework(module: str, distribution: str, extra: str) -> types.ModuleType:
-    """``module`` imported, or the :class:`MissingFrameworkError` for ``gradguard.integrations.<extra>``."""
+    """A training framework, imported for a callback module.
+
+    Args:
+        module: The module to import (``lightning.pytorch``).
+        distribution: The package that provides it (``lightning``).
+        extra: gradguard's extra that installs it (``lightning``).
+
+    Returns:
+        The module.
+
+    Raises:
+        MissingFrameworkError: it does not import; names the extra to install.
+    """
     try:
         return importlib.import_module(module)
     except ImportError as exc:
@@ -47,12 +59,32 @@ def import_framework(module: str, distribution: str, extra: str) -> types.Module
 class WatchedRun:
     """What both callbacks keep: one :class:`gradguard.Watcher` per training run, and gradguard's log lines.
 
-    ``watcher`` is the run's watcher; ``last_report`` the most recent audit's report of leaks (``None``
-    before the first audit). The options are the watch's own (``mode``, ``every``, ``ignore``,
-    ``memory``, as :func:`gradguard.watch` takes them); a bad one is refused at construction.
+    At the end of training the watcher's summary goes to ``logging.getLogger("gradguard")``: a warning
+    when an audit found a leak, else at info level.
+
+    Args:
+        mode: ``"warn"``, ``"raise"``, ``"detach"``, ``"off"``, or ``None`` for gradguard's effective mode.
+        every: ``"auto"`` or a positive ``int``, as for :func:`gradguard.watch`.
+        ignore: Path prefixes or a predicate, for graphs kept on purpose (as for :func:`gradguard.audit`).
+        memory: ``True`` reads the memory figure, a :class:`gradguard.TriggerSettings` sets its rule,
+            ``False`` reads none (as for :func:`gradguard.watch`).
+
+    Attributes:
+        watcher: This training run's :class:`gradguard.Watcher` (its ``summary()``, ``history()``,
+            ``boundaries`` and ``audits``); a new one at each start of training.
+        last_report: The most recent audit's report of leaks (``None`` before the first audit).
+
+    Raises:
+        GradGuardError: a bad option, at construction, naming it and what is accepted.
     """
 
-    def __init__(self, mode: str | None, every: int | str, ignore: Ignore, memory: bool | TriggerSettings) -> None:
+    def __init__(
+        self,
+        mode: str | None = None,
+        every: int | str = "auto",
+        ignore: Ignore = None,
+        memory: bool | TriggerSettings = True,
+    ) -> None:
         self._options: dict[str, Any] = {"mode": mode, "every": every, "ignore": ignore, "memory": memory}
         self.watcher = Watcher(**self._options)
         self.last_report: RetentionReport | None = None
@@ -63,7 +95,14 @@ class WatchedRun:
         self.last_report = None
 
     def boundary(self, step: int) -> tuple[float, float] | None:
-        """One optimizer-step boundary: ``(holders, pinned bytes)`` of the leaks when it was audited."""
+        """One optimizer-step boundary of the run's watcher.
+
+        Args:
+            step: The framework's global step, for the log line.
+
+        Returns:
+            ``(holders, pinned bytes)`` of the leaks when the boundary was audited, else ``None``.
+        """
         report = self.watcher.boundary()
         if report is None:
             return None

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._watch.audit import Ignore
-from .._watch.trigger import TriggerSettings
 from . import WatchedRun, import_framework
 
 import_framework("lightning.pytorch", distribution="lightning", extra="lightning")  # the framework, or a clear error
@@ -34,33 +32,25 @@ __all__ = ["GradGuardCallback"]
 
 
 class GradGuardCallback(WatchedRun, Callback):
-    """Audit for autograd graphs still held at the end of each optimizer step, and act on the leaks.
+    """Audit for autograd graphs still held after each optimizer step of ``trainer.fit``, and act on the leaks.
 
-    ``mode`` (``"warn"``, ``"raise"``, ``"detach"``, ``"off"``, or ``None`` for gradguard's effective
-    mode), ``every`` (audit every N-th optimizer step, or ``"auto"``), ``ignore`` (path prefixes or a
-    predicate, for graphs kept on purpose) and ``memory`` (``every="auto"`` only: ``True`` audits when
-    the memory figure grows, a :class:`gradguard.TriggerSettings` sets the rule, ``False`` schedules
-    on time alone) are the watch's own (:func:`gradguard.watch`); bad values are refused here, at
-    construction. In ``raise`` mode the ``GraphRetentionError`` propagates out of ``trainer.fit``.
+    A boundary is a training batch after which ``trainer.global_step`` moved (every N-th batch with
+    ``accumulate_grad_batches=N``); what an audit found is logged with ``pl_module.log``, and in ``raise``
+    mode the ``GraphRetentionError`` propagates out of ``trainer.fit``. ``watcher`` is this fit's
+    :class:`gradguard.Watcher`, ``last_report`` its last audit's report of leaks; at the end of the fit
+    its summary goes to ``logging.getLogger("gradguard")``, a warning when a leak was found.
 
-    ``watcher`` is this fit's :class:`gradguard.Watcher` (its ``summary()``, ``history()``,
-    ``boundaries`` and ``audits``); ``last_report`` is the most recent audit's report of leaks (``None``
-    before the first audit). At the end of training the watcher's summary goes to
-    ``logging.getLogger("gradguard")``: a warning when an audit found a leak, else at info level.
+    Args:
+        mode: As for :func:`gradguard.watch` (``None``: gradguard's effective mode).
+        every: As for :func:`gradguard.watch`.
+        ignore: As for :func:`gradguard.watch`.
+        memory: As for :func:`gradguard.watch`.
     """
 
-    def __init__(
-        self,
-        mode: str | None = None,
-        every: int | str = "auto",
-        ignore: Ignore = None,
-        memory: bool | TriggerSettings = True,
-    ) -> None:
-        Callback.__init__(self)
-        WatchedRun.__init__(self, mode, every, ignore, memory)
-        self._global_step: int | None = None
+    _global_step: int | None = None  # the trainer's at the last boundary
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """A fresh watch for this fit."""
         self.restart()
         self._global_step = trainer.global_step
 
@@ -68,6 +58,7 @@ class GradGuardCallback(WatchedRun, Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         # global_step counts optimizer steps: a batch that only accumulated gradients leaves it unchanged.
+        """A step boundary when the optimizer stepped; what an audit found is logged as metrics."""
         if self._global_step is None:
             self._global_step = trainer.global_step
             return
@@ -81,4 +72,5 @@ class GradGuardCallback(WatchedRun, Callback):
             pl_module.log("gradguard/retained_bytes", pinned, on_step=True, on_epoch=False, batch_size=1)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """The watch's summary to ``logging.getLogger("gradguard")``."""
         self.finish()

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._watch.audit import Ignore
-from .._watch.trigger import TriggerSettings
 from . import WatchedRun, import_framework
 
 import_framework("transformers", distribution="transformers", extra="transformers")  # the framework, or a clear error
@@ -39,38 +37,32 @@ RETAINED_BYTES = "gradguard/retained_bytes"
 
 
 class GradGuardCallback(WatchedRun, TrainerCallback):
-    """Audit for autograd graphs still held at the end of each optimizer step, and act on the leaks.
+    """Audit for autograd graphs still held after each optimizer step of ``trainer.train()``, and act on the leaks.
 
-    ``mode`` (``"warn"``, ``"raise"``, ``"detach"``, ``"off"``, or ``None`` for gradguard's effective
-    mode), ``every`` (audit every N-th optimizer step, or ``"auto"``), ``ignore`` (path prefixes or a
-    predicate, for graphs kept on purpose) and ``memory`` (``every="auto"`` only: ``True`` audits when
-    the memory figure grows, a :class:`gradguard.TriggerSettings` sets the rule, ``False`` schedules
-    on time alone) are the watch's own (:func:`gradguard.watch`); bad values are refused here, at
-    construction. In ``raise`` mode the ``GraphRetentionError`` propagates out of ``trainer.train()``.
+    A boundary is each ``on_step_end`` (once per ``gradient_accumulation_steps`` micro-batches); what the
+    audits found is added to the Trainer's next log, and in ``raise`` mode the ``GraphRetentionError``
+    propagates out of ``trainer.train()``. ``watcher`` is this training run's :class:`gradguard.Watcher`,
+    ``last_report`` its last audit's report of leaks; when training ends its summary goes to
+    ``logging.getLogger("gradguard")``, a warning when a leak was found.
 
-    ``watcher`` is this run's :class:`gradguard.Watcher` (its ``summary()``, ``history()``,
-    ``boundaries`` and ``audits``); ``last_report`` is the most recent audit's report of leaks (``None``
-    before the first audit). At the end of training the watcher's summary goes to
-    ``logging.getLogger("gradguard")``: a warning when an audit found a leak, else at info level.
+    Args:
+        mode: As for :func:`gradguard.watch` (``None``: gradguard's effective mode).
+        every: As for :func:`gradguard.watch`.
+        ignore: As for :func:`gradguard.watch`.
+        memory: As for :func:`gradguard.watch`.
     """
 
-    def __init__(
-        self,
-        mode: str | None = None,
-        every: int | str = "auto",
-        ignore: Ignore = None,
-        memory: bool | TriggerSettings = True,
-    ) -> None:
-        WatchedRun.__init__(self, mode, every, ignore, memory)
-        self._pending: dict[str, float] | None = None
+    _pending: dict[str, float] | None = None  # what the audits since the last log found
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        """A fresh watch for this run."""
         self.restart()
         self._pending = None
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        """A step boundary (after each optimizer step); what an audit found waits for the next log."""
         found = self.boundary(state.global_step)
         if found is None:
             return
@@ -89,6 +81,7 @@ class GradGuardCallback(WatchedRun, TrainerCallback):
         logs: dict[str, float] | None = None,
         **kwargs: Any,
     ) -> None:
+        """What the audits found since the last log, added to this log's metrics and to its ``log_history`` entry."""
         if self._pending is None or logs is None:
             return
         logs.update(self._pending)
@@ -100,4 +93,5 @@ class GradGuardCallback(WatchedRun, TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        """The watch's summary to ``logging.getLogger("gradguard")``."""
         self.finish()

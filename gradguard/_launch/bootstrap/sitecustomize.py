@@ -154,7 +154,7 @@ def _not_set_up(error: str) -> None:
             "kind": "not-set-up",
             "pid": os.getpid(),
             "host": host,
-            "top": parent.isdigit() and int(parent) == os.getppid(),
+            "top": parent.isascii() and parent.isdigit() and int(parent) == os.getppid(),
             "argv": [str(a) for a in sys.argv],
             "error": error,
             "written": time.time(),
