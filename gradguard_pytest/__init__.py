@@ -7,7 +7,7 @@ It lives outside the ``gradguard`` package so that loading it imports neither gr
 * ``@pytest.mark.gradguard(mode="raise", engines="auto", stores=None)`` does the same for one test.
 * ``--gradguard-audit=N`` (``N``: a positive whole number, or ``auto``) watches the whole session in
   ``raise`` mode (``--gradguard``'s mode when given): inside each test, ``gradguard.watch(every=N)``
-  at its optimizer steps (``auto``: when memory grows, see ``gradguard.watch``); and at each
+  at its optimizer steps (``auto``: as ``gradguard.watch`` schedules it); and at each
   test's end, after its teardown, one look at the heap for graphs the test made that are still
   alive: nothing a test made should outlive it. A graph that does fails that test (``raise``: an
   error in its teardown), or warns at the test's line (``warn``).
