@@ -31,6 +31,7 @@ from .._guards.arguments import Argument
 from .._guards.store import guard_in_place
 from .._guards.wrapper import function_wrapper, kind
 from .._policy.modes import Mode, normalize_mode, pop_enforced, push_enforced
+from .._policy.validate import refusal
 
 __all__ = ["Install", "Scope", "engine_installs", "installed", "store_installs"]
 
@@ -444,10 +445,7 @@ def _engine_names(engines: str | Iterable[str] | None) -> list[str]:
     if isinstance(engines, str):
         return [_engines.load(engines).name]
     if isinstance(engines, (bytes, bytearray)) or not isinstance(engines, Iterable):
-        raise GradGuardError(
-            f"engines={engines!r} is not accepted; accepted: 'auto', 'none', or a list of names from "
-            f"{', '.join(_engines.KNOWN)}"
-        )
+        raise refusal("engines", engines, f"'auto', 'none', or a list of names from {', '.join(_engines.KNOWN)}")
     return [_engines.load(name).name for name in engines]
 
 
@@ -455,16 +453,12 @@ def _store_items(stores: Mapping[str, str] | None) -> list[tuple[str, str]]:
     if stores is None:
         return []
     if not isinstance(stores, Mapping):
-        raise GradGuardError(
-            f"stores must be a mapping {{'pkg.module:function': 'arg_name'}}, got {type(stores).__qualname__}"
-        )
+        raise refusal("stores", stores, "a mapping {'pkg.module:function': 'arg_name'}")
     items = []
     for target, arg in stores.items():
         if not (isinstance(target, str) and target.count(":") == 1 and all(target.split(":"))):
-            raise GradGuardError(
-                f"stores target {target!r} is not of the form 'pkg.module:function' (or 'pkg.module:Class.method')"
-            )
-        if not isinstance(arg, str) or not arg:
-            raise GradGuardError(f"stores[{target!r}] must name an argument, got {arg!r}")
+            raise refusal("stores target", target, "'pkg.module:function' or 'pkg.module:Class.method'")
+        if not isinstance(arg, str) or not arg.strip():
+            raise refusal(f"stores[{target!r}]", arg, "the name of one of its arguments")
         items.append((target, arg))
     return items
