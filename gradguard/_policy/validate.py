@@ -46,7 +46,7 @@ AUDIT_ACCEPTED = f"{EVERY_ACCEPTED}, or 0/off (no watch)"
 OFF_WORDS = frozenset({"0", "off", "false", "no", "none"})
 """The words (any case) an ``audit`` setting turns the watch off with."""
 
-_WHOLE = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: str.isdigit and int() also take '²' and '٣'
+_DIGITS = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit and int() also take '²' and '٣'
 
 
 def refusal(
@@ -77,8 +77,8 @@ def whole(
     """A whole number of at least ``least``.
 
     Args:
-        value: An ``int`` (not a ``bool``), or with ``text`` a string of ASCII digits (blanks around it
-            are ignored).
+        value: An ``int`` (not a ``bool``), or with ``text`` a string of ASCII digits, no sign (blanks
+            around it are ignored).
         what: The option, as :func:`refusal` names it.
         least: The smallest value taken.
         accepted: What the message says is accepted (default: ``a whole number >= least``).
@@ -93,7 +93,7 @@ def whole(
         GradGuardError: anything else, naming ``what``, the value and what is accepted.
     """
     number_: object = value
-    if text and isinstance(value, str) and _WHOLE.fullmatch(value.strip()):
+    if text and isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
         number_ = int(value.strip())
     if isinstance(number_, int) and not isinstance(number_, bool) and number_ >= least:
         return number_
@@ -110,7 +110,7 @@ def read_count(text: str | None) -> int | None:
     Returns:
         The number, or ``None`` for anything else (blanks around it are ignored).
     """
-    if text is None or not _WHOLE.fullmatch(text.strip()) or text.strip()[:1] in "+-":
+    if text is None or not _DIGITS.fullmatch(text.strip()):
         return None
     return int(text.strip())
 
