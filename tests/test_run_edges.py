@@ -20,7 +20,7 @@ from _helpers import env
 
 import gradguard
 from gradguard._errors import GradGuardError
-from gradguard._launch import commands, _settings
+from gradguard._launch import _settings, commands
 from gradguard._tools import cli as _cli
 from gradguard._watch import scope as _watcher
 
