@@ -42,4 +42,6 @@ def test_a_cap_that_is_not_positive_refuses(capsys: pytest.CaptureFixture[str], 
     assert main(["bench", "--device", "cpu", "--memory-cap", value, "--no-progress"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err.strip() == f"gradguard bench: --memory-cap must be a positive number of GiB, got {value}"
+    assert captured.err.strip() == (
+        f"gradguard bench: --memory-cap={value!r} is not accepted; accepted: a positive number of GiB"
+    )

@@ -2,11 +2,12 @@
 
 Each stack runs ``STEPS`` training steps of its example's *guarded* path, the way the example guards
 it, each step ending in a real ``torch.optim.AdamW.step()``, inside ``gradguard.watch(every=1,
-mode="raise")``: every boundary is audited and none raises. The loop keeps every step's records in a
-``history`` list (what a loop does for logging), which is harmless once they are detached. The same
-loop without gradguard's guard raises :class:`gradguard.GraphRetentionError` naming that list at
-the third boundary (``history`` is a frame's variable: the watch gives those one boundary of grace,
-so the records of step 1 are a leak once they have outlived two): the check can fail.
+mode="raise")``: no boundary raises. The first boundary's audit stamps every graph alive, and each
+later boundary acts on what its signals show. The loop keeps every step's records in a ``history``
+list (what a loop does for logging), which is harmless once they are detached. The same loop without
+gradguard's guard raises :class:`gradguard.GraphRetentionError` naming that list by the last
+boundary (a list holding graphs of two steps, one of which lived through a boundary, is a leak): the
+check can fail.
 
 - megatron-core, the real schedule: ``forward_backward_no_pipelining`` around a ``GPTModel``
   (``gradguard/_tools/bench/megatron_gpt.py``) with ``examples/megatron_gpt_schedule.py``'s ``loss_func``,
@@ -112,23 +113,26 @@ def watched(
 
 
 def assert_clean(watcher: gradguard.Watcher, raised: Raised, seen: list[str] | None = None) -> None:
-    """No report; every step ended in an audited optimizer step; with ``seen``, the audit did list the
-    current step's graph that ``watched`` holds at the boundary (the watch judged it and left it alone)."""
+    """No report; every step ended in an optimizer step the watch saw, the first one audited; with
+    ``seen``, the audit did list the current step's graph that ``watched`` holds at the boundary (the
+    watch judged it and left it alone)."""
     assert raised == [], raised
-    assert watcher.boundaries == watcher.audits == STEPS
+    assert watcher.boundaries == STEPS and watcher.audits >= 1, (watcher.boundaries, watcher.audits)
     assert watcher.history() == []
     if seen is not None:
         assert any(holder.endswith(" in watched: current") for holder in seen), seen
 
 
 def assert_history_leaks(watcher: gradguard.Watcher, raised: Raised, *keys: str) -> None:
-    """Found at the third boundary, and only the loop's ``history`` (each of ``keys`` among its holders)."""
-    assert [boundary for boundary, _ in raised] == [STEPS], raised
-    holders = raised[0][1]
-    assert holders and all(" history[*]" in h for h in holders), holders
-    for key in keys:
-        assert any(h.endswith(key) for h in holders), (key, holders)
-    assert watcher.audits == STEPS and {e.outcome for e in watcher.history()} == {"raised"}
+    """Found at a boundary after the first, and again at each later one (raise mode: the loop keeps
+    leaking), naming only the loop's ``history`` (each of ``keys`` among its holders)."""
+    assert raised and raised[0][0] > 1, raised
+    assert [boundary for boundary, _ in raised] == list(range(raised[0][0], STEPS + 1)), raised
+    for _, holders in raised:
+        assert holders and all(" history[*]" in h for h in holders), holders
+        for key in keys:
+            assert any(h.endswith(key) for h in holders), (key, holders)
+    assert {e.outcome for e in watcher.history()} == {"raised"}
 
 
 def assert_outcome(
@@ -297,19 +301,20 @@ def _spawn_pipelining(outdir: Path) -> list[dict[str, Any]]:
 def test_pipelining_two_ranks_guarded(pipelining: list[dict[str, Any]], rank: int) -> None:
     run = pipelining[rank]["guarded"]
     assert run["raised"] == [], run
-    assert run["boundaries"] == run["audits"] == STEPS and run["outcomes"] == [], run
+    assert run["boundaries"] == STEPS and run["audits"] >= 1 and run["outcomes"] == [], run
     expected = STEPS * example("pipelining_two_ranks").N_MICROBATCHES if rank == 1 else 0  # losses: last stage
     assert run["history"] == expected and run["history_graphs"] == 0, run
 
 
 def test_pipelining_two_ranks_unguarded_raises_on_the_last_stage(pipelining: list[dict[str, Any]]) -> None:
     last = pipelining[1]["unguarded"]
-    assert [boundary for boundary, _ in last["raised"]] == [STEPS], last
-    (holders,) = [h for _, h in last["raised"]]
-    assert len(holders) == 1 and holders[0].endswith(" history[*]"), holders  # the kept losses
-    assert last["audits"] == STEPS and last["outcomes"] == ["raised"], last
+    boundaries = [boundary for boundary, _ in last["raised"]]
+    assert boundaries and boundaries[0] > 1 and boundaries == list(range(boundaries[0], STEPS + 1)), last
+    for _, holders in last["raised"]:
+        assert len(holders) == 1 and holders[0].endswith(" history[*]"), holders  # the kept losses
+    assert last["outcomes"] == ["raised"], last
     first = pipelining[0]["unguarded"]  # the first stage hands back no loss: nothing of it outlives a step
-    assert first["raised"] == [] and first["audits"] == STEPS and first["history"] == 0, first
+    assert first["raised"] == [] and first["audits"] >= 1 and first["history"] == 0, first
 
 
 # --------------------------------------------------------------------------------------------------
