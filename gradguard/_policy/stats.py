@@ -44,13 +44,17 @@ UNRESOLVED = "(no graph: site not resolved)"
 class SiteStats:
     """Counters for one (store, call site) pair.
 
-    ``site`` is ``file:line`` of the code that published into the store, or, for records that carried
-    no graph, the marker ``(no graph: site not resolved)`` (finding the caller is skipped on that
-    path). ``records`` counts records that carried a graph, ``tensors_detached`` the distinct graph
-    tensors replaced in them. ``pinned_bytes_per_record`` is what detaching the site's first such
-    record releases (the leaves that require grad, not parameters, and their gradients, which its graph keeps
-    once backward ran; in a forward-only pass the saved activations are released too and not counted)
-    and ``pinned_bytes_released`` that times ``records``: an estimate, made once per site.
+    Attributes:
+        store: The store's name (its ``name=``, an adapter's store, or ``"audit"`` for the watch's repairs).
+        site: ``file:line`` of the code that published into the store, or, for records that carried no
+            graph, the marker ``(no graph: site not resolved)`` (finding the caller is skipped on that path);
+            for the watch's repairs, the holder's path.
+        records: Records that carried a graph.
+        tensors_detached: The distinct graph tensors replaced in them.
+        pinned_bytes_per_record: What detaching the site's first such record releases (the leaves that
+            require grad, not parameters, and their gradients, which its graph keeps once backward ran;
+            in a forward-only pass the saved activations are released too and not counted).
+        pinned_bytes_released: ``pinned_bytes_per_record`` times ``records``: an estimate, made once per site.
     """
 
     store: str

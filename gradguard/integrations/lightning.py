@@ -50,7 +50,12 @@ class GradGuardCallback(WatchedRun, Callback):
     _global_step: int | None = None  # the trainer's at the last boundary
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """A fresh watch for this fit."""
+        """A fresh watch for this fit.
+
+        Args:
+            trainer: The trainer starting ``fit``.
+            pl_module: Its module.
+        """
         self.restart()
         self._global_step = trainer.global_step
 
@@ -58,7 +63,15 @@ class GradGuardCallback(WatchedRun, Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         # global_step counts optimizer steps: a batch that only accumulated gradients leaves it unchanged.
-        """A step boundary when the optimizer stepped; what an audit found is logged as metrics."""
+        """A step boundary when the optimizer stepped; what an audit found is logged as metrics.
+
+        Args:
+            trainer: The trainer (its ``global_step`` says whether the optimizer stepped).
+            pl_module: Its module, which logs ``gradguard/retentions`` and ``gradguard/retained_bytes``.
+            outputs: The batch's outputs (not read).
+            batch: The batch (not read).
+            batch_idx: The batch's index (not read).
+        """
         if self._global_step is None:
             self._global_step = trainer.global_step
             return
@@ -72,5 +85,10 @@ class GradGuardCallback(WatchedRun, Callback):
             pl_module.log("gradguard/retained_bytes", pinned, on_step=True, on_epoch=False, batch_size=1)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """The watch's summary to ``logging.getLogger("gradguard")``."""
+        """The watch's summary to ``logging.getLogger("gradguard")``.
+
+        Args:
+            trainer: The trainer ending ``fit``.
+            pl_module: Its module.
+        """
         self.finish()

@@ -57,12 +57,26 @@ class GradGuardCallback(WatchedRun, TrainerCallback):
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        """A fresh watch for this run."""
+        """A fresh watch for this run.
+
+        Args:
+            args: The Trainer's arguments.
+            state: The Trainer's state.
+            control: The Trainer's control.
+            **kwargs: What else the Trainer passes (not read).
+        """
         self.restart()
         self._pending = None
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        """A step boundary (after each optimizer step); what an audit found waits for the next log."""
+        """A step boundary (after each optimizer step); what an audit found waits for the next log.
+
+        Args:
+            args: The Trainer's arguments.
+            state: The Trainer's state (its ``global_step`` numbers the boundary).
+            control: The Trainer's control.
+            **kwargs: What else the Trainer passes (not read).
+        """
         found = self.boundary(state.global_step)
         if found is None:
             return
@@ -81,7 +95,15 @@ class GradGuardCallback(WatchedRun, TrainerCallback):
         logs: dict[str, float] | None = None,
         **kwargs: Any,
     ) -> None:
-        """What the audits found since the last log, added to this log's metrics and to its ``log_history`` entry."""
+        """What the audits found since the last log, added to this log's metrics and to its ``log_history`` entry.
+
+        Args:
+            args: The Trainer's arguments.
+            state: The Trainer's state (its ``log_history`` gets the figures too).
+            control: The Trainer's control.
+            logs: The metrics being logged; ``None``: nothing is added.
+            **kwargs: What else the Trainer passes (not read).
+        """
         if self._pending is None or logs is None:
             return
         logs.update(self._pending)
@@ -93,5 +115,12 @@ class GradGuardCallback(WatchedRun, TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        """The watch's summary to ``logging.getLogger("gradguard")``."""
+        """The watch's summary to ``logging.getLogger("gradguard")``.
+
+        Args:
+            args: The Trainer's arguments.
+            state: The Trainer's state.
+            control: The Trainer's control.
+            **kwargs: What else the Trainer passes (not read).
+        """
         self.finish()
