@@ -131,7 +131,9 @@ def test_dry_run_prints_the_cuda_run_and_runs_nothing(wheels: Path, tmp_path: Pa
         "bench-seed-pp4",
         "bench-megatron-gpt",
         "bench-late-leak",
+        "bench-watch",
     ]
+    assert re.search(r"-P -m benchmarks.watch --device cuda --scenario pp-last-stage ", steps["bench-watch"])
     assert "--no-index --no-deps" in steps["install"] and f"{wheels}/" in steps["install"]
     assert "--python-version" not in steps["install"]  # the device's Python is the wheels' 3.12
     assert steps["doctor"].endswith("-P -m gradguard doctor")
@@ -319,7 +321,7 @@ def test_carried_wheels_install_offline_into_a_fresh_python312_venv(wheels: Path
 
 
 @pytest.mark.integration
-def test_cpu_mode_runs_every_step_and_writes_the_five_files(wheels: Path, tmp_path: Path) -> None:
+def test_cpu_mode_runs_every_step_and_writes_the_eight_files(wheels: Path, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     require_engine("megatron.core.pipeline_parallel.schedules")
     out = tmp_path / "out"
@@ -336,6 +338,9 @@ def test_cpu_mode_runs_every_step_and_writes_the_five_files(wheels: Path, tmp_pa
         "bench-cpu.png",
         "late-leak-cpu.png",
         "run.log",
+        "watch-cpu.json",
+        "watch-cpu.md",
+        "watch-cpu.png",
     ]
     log = (out / "run.log").read_text()
     assert log == proc.stdout
@@ -354,7 +359,9 @@ def test_cpu_mode_runs_every_step_and_writes_the_five_files(wheels: Path, tmp_pa
             "bench-seed-pp4",
             "bench-megatron-gpt",
         )
-    ] + [("bench-late-leak", "1" if timed else "0")]
+    ] + [("bench-late-leak", "1" if timed else "0"), ("bench-watch", "0")]
+    watch = json.loads((out / "watch-cpu.json").read_text())
+    assert "late/lora-checkpoint" in {case["case"] for case in watch["cases"]}
     runs = summary["runs"]
     late = runs.pop("late-leak")
     assert {n: sorted(r["scenarios"]) for n, r in runs.items()} == {

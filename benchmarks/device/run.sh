@@ -13,7 +13,10 @@
 #   6. gradguard bench --device cuda --late-leak (a leak that starts late: the step the watch reports
 #      it at, memory after repair, the watch's share of a clean run, CUDA's memory figure)
 #      (the real schedule around a GPTModel at the seed-pp4 preset's activation size: >= 2.8 GiB unguarded)
-# and writes OUTDIR/bench-cuda.{json,md,png}, OUTDIR/late-leak-cuda.png and OUTDIR/run.log (5 files). Every step has a time
+#   7. python -m benchmarks.watch --device cuda (the watch under its defaults: when each kind of leak is
+#      reported, memory under detach, a clean run's cost), this tree's benchmarks/ with the carried wheel
+# and writes OUTDIR/bench-cuda.{json,md,png}, OUTDIR/late-leak-cuda.png, OUTDIR/watch-cuda.{json,md,png}
+# and OUTDIR/run.log (8 files). Every step has a time
 # limit and the whole script a budget (GRADGUARD_DEVICE_BUDGET_S, default 450 s); a failing step is
 # recorded and the others still run; the exit status is 1 if any step failed.
 #
@@ -130,6 +133,8 @@ main() {
     --rootdir "$repo" -c "$repo/pyproject.toml" "${CUDA_TESTS[@]/#/$repo/}"
 
   local bench=("${py[@]}" -m gradguard bench --no-progress)
+  # benchmarks/ is not in the wheel: this tree's, after the carried wheel on the path
+  local watch=(env -u GRADGUARD PYTHONPATH="$site:$repo" PYTHONUNBUFFERED=1 MPLBACKEND=Agg "$PYTHON" -P -m benchmarks.watch)
   local te=() te_status te_ok=1
   if [ "$mode" = dry ]; then
     echo "--- --te is added to the defaults run only if Transformer Engine imports there"
@@ -152,6 +157,9 @@ main() {
       --micro-batches 64 --json "$work/megatron-gpt.json"
     step bench-late-leak 120 "${bench[@]}" --device cuda --late-leak --scenario pp-last-stage \
       --scenario lora-checkpoint --leak-start 300 --steps 600 --clean-steps 1000 --json "$work/late-leak.json"
+    step bench-watch 150 "${watch[@]}" --device cuda --scenario pp-last-stage --scenario lora-checkpoint \
+      --late-steps 300 --late-start 150 --fast-steps 300 --fast-start 150 --growth-steps 500 --growth-start 405 \
+      --clean-steps 1000 --json "$outdir/watch-cuda.json" --md "$outdir/watch-cuda.md" --plot "$outdir/watch-cuda.png"
   else
     # the CPU fallbacks: the same scenarios at the default size, a few micro-batches each (the seed
     # preset refuses on CPU: its scenario runs instead, with an explicit memory cap it stays under)
@@ -162,6 +170,8 @@ main() {
       --json "$work/megatron-gpt.json"
     step bench-late-leak 120 "${bench[@]}" --device cpu --late-leak --scenario lora-checkpoint \
       --leak-start 20 --steps 40 --clean-steps 40 --json "$work/late-leak.json"
+    step bench-watch 150 "${watch[@]}" --device cpu --quick --scenario lora-checkpoint \
+      --json "$outdir/watch-cpu.json" --md "$outdir/watch-cpu.md" --plot "$outdir/watch-cpu.png"
   fi
 
   echo
