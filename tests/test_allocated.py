@@ -27,7 +27,7 @@ needs_statm = pytest.mark.skipif(statm is None, reason="no /proc/self/statm here
 
 def _fields() -> tuple[int, int]:
     function = __import__("ctypes").CDLL(None).mallinfo2
-    function.restype = _allocated._Mallinfo2
+    function.restype = _allocated.Mallinfo2
     info = function()
     return int(info.uordblks), int(info.hblkhd)
 

@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from _helpers import env
 from torch import nn
 
 import gradguard
 from gradguard._watch import threads as _threads
 from gradguard._watch import watcher as _watcher
-
-from _helpers import env
 
 TRAINER = textwrap.dedent(
     """
