@@ -89,6 +89,7 @@ def test_one_process_reads_as_its_watchs_own_summary_and_stats_add_up() -> None:
         "tensors_detached": 3,
         "pinned_bytes_per_record": 8,
         "pinned_bytes_released": 24,
+        "refused": 0,
     }
     report = process(top=True, boundaries=4, audits=4, holders=[holder(0, "repaired")], stats=[site])
     merged = _merge.merge(records(report))
@@ -336,7 +337,7 @@ _EVERY_FIELD = (
 )
 _STATS_ROW = {
     "store": "s", "site": "x.py:1", "records": 1, "tensors_detached": 1, "pinned_bytes_per_record": 4,
-    "pinned_bytes_released": 4,
+    "pinned_bytes_released": 4, "refused": 0,
 }  # fmt: skip
 
 

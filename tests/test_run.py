@@ -413,3 +413,22 @@ def test_gradguard_run_inside_a_reached_process_reports_its_command_and_leaves_a
                                                                                      False, 1)  # fmt: skip
     (report,) = [json.loads(p.read_text()) for p in inner.glob("report-*.json")]
     assert report["top"] and report["figures"]["boundaries"] == 2 and report["run"] == record["nested_run"]
+
+
+def test_a_store_refusal_is_in_the_summary(tmp_path: Path) -> None:
+    # a guarded store refuses a record before any optimizer step: the summary says so, not that nothing was seen
+    (tmp_path / "train.py").write_text(
+        "import torch, gradguard\n"
+        "records = gradguard.guard([], name='metrics')\n"
+        "loss = torch.nn.Linear(4, 1)(torch.randn(2, 4)).sum()\n"
+        "records.append({'loss': loss})\n"
+    )
+    run = _gradguard("run", "--mode", "raise", "train.py", cwd=tmp_path)
+    assert run.returncode == 1, run.stderr
+    assert "gradguard.GraphRetentionError: 1 tensor(s) carrying an autograd graph reached store metrics" in run.stderr
+    summary = run.stderr[run.stderr.index("gradguard stats:") :].splitlines()
+    assert summary[1].split() == ["store", "site", "records", "tensors", "detached", "released", "(est.)", "refused"]
+    assert summary[3].split() == ["metrics", f"{tmp_path / 'train.py'}:4", "1", "0", "0", "B", "1"]
+    assert summary[4] == (
+        "gradguard watch: no optimizer step was seen: no step boundary was checked (the guarded stores' records were: above)"
+    )

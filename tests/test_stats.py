@@ -193,13 +193,6 @@ def test_no_debug_log_above_debug(caplog: pytest.LogCaptureFixture) -> None:
     assert [r for r in caplog.records if r.name == "gradguard"] == []
 
 
-def test_raise_mode_counts_nothing(spy: CountingPinnedBytes) -> None:
-    store = gradguard.guard([], name="strict", mode="raise")
-    with pytest.raises(gradguard.GraphRetentionError):
-        store.extend([clean(), record()])
-    assert gradguard.stats() == {}
-
-
 def test_graphless_leaves_are_counted_clean() -> None:
     store = gradguard.guard([], name="leaves")
     store.extend([{"leaf": torch.ones(2, requires_grad=True)}, clean(), record()])
@@ -375,7 +368,7 @@ def test_a_name_with_control_characters_cannot_forge_lines() -> None:
     gradguard.guard([], name="\x1b[2J\x1b[31mred").append(x * 2)
     table = str(gradguard.stats())
     assert "\x1b" not in table and repr("\x1b[2J\x1b[31mred") in table
-    assert len(table.splitlines()) == 3  # header, rule, one row
+    assert len(table.splitlines()) == 4  # header, rule, the refused record's row, the other's
 
 
 def test_an_append_with_no_python_caller_stores_the_record() -> None:
@@ -400,3 +393,20 @@ def test_an_append_with_no_python_caller_stores_the_record() -> None:
     assert done.is_set() and store[0]["g"].grad_fn is None
     (row,) = [s for s in gradguard.stats().values() if s.store == "grads"]
     assert row.site == "<unknown>" and row.records == 1
+
+
+def test_a_record_refused_in_raise_mode_is_counted_at_its_site(spy: CountingPinnedBytes) -> None:
+    store = gradguard.guard([], name="strict", mode="raise")
+    store.append(clean())
+    line = lineno() + 2
+    with pytest.raises(gradguard.GraphRetentionError):
+        store.append(record())
+    with pytest.raises(gradguard.GraphRetentionError):
+        store.extend([clean(), record()])  # all or nothing: the batch is one refusal
+    assert list(store) == [store[0]] and len(store) == 1
+    assert spy.calls == 0  # nothing was detached: no estimate of what detaching would release
+    for site in (f"{HERE}:{line}", f"{HERE}:{line + 2}"):
+        assert gradguard.stats()[("strict", site)] == gradguard.SiteStats("strict", site, records=1, refused=1)
+    table = str(gradguard.stats())
+    assert table.splitlines()[0].split()[-1] == "refused"  # the column is there only when something was refused
+    assert "refused" not in str(gradguard.Stats({k: v for k, v in gradguard.stats().items() if not v.refused}))

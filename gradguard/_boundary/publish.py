@@ -10,7 +10,7 @@ record) or :func:`publish_many` (a batch, stored all or nothing). Per mode:
   inspected for graphs the walk could not replace (inside objects no rule can rebuild), which are
   stored as they are and warned about once per site;
 * ``raise``: every record is inspected, and one that holds a graph anywhere is refused with
-  :class:`GraphRetentionError` before anything is counted or stored.
+  :class:`GraphRetentionError`: nothing is stored, and the refusal is counted at its call site.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def publish_many(
     values: Iterable[Any], store: str, mode: Mode | None = None, to_host: ToHost | None = None
 ) -> list[Any]:
     """:func:`publish` for a batch, all or nothing: one refused value (``raise``, or a warning turned
-    into an error) refuses the whole batch before any of it is counted."""
+    into an error) refuses the whole batch before any of it is counted (a refusal is counted as one)."""
     values = list(values)
     mode = resolve(mode)
     if mode == OFF:
@@ -86,6 +86,7 @@ def _refuse_graphs(store: str, values: Iterable[Any]) -> None:
             frame = caller()
             site = location(frame)
             message = retention(store, site, graphs, pinned_bytes(value), "refused")
+            _stats.count_refused(store, site)
             raise GraphRetentionError(message)
 
 

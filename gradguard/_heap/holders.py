@@ -454,5 +454,3 @@ def find_paths(targets: Sequence[torch.Tensor], excluded: Iterable[int] = ()) ->
         return paths
     finally:
         search.close()
-
-

@@ -17,7 +17,7 @@ from typing import NamedTuple
 from .._policy import table as _table
 from .._policy.message import display, plural
 from .._policy.stats import SiteStats, Stats
-from .._watch.summary import BOUNDED, WatchRecord, summarize
+from .._watch.summary import BOUNDED, NOTHING, WatchRecord, summarize
 from ._processes import combined, idle_text, labels, missing_ranks, not_reached, ranks_text, unreported
 from ._report import NestedRun, NotSetUp, ProcessReport, Record
 
@@ -82,10 +82,11 @@ def merge(
             lines.append(f"{prog}: nothing was checked: no report of a process gradguard was set up in could be used")
         return Merged("\n".join(lines), raised, 0, any(n.checked for n in nested))
     lines.append(_stats(processes))
+    stored = any(r.stats for r in processes)  # a guarded store checked each record it was given
     watching = [r for r in processes if r.every is not None]
-    checked = any(r.figures.audits > 0 for r in watching) or any(n.checked for n in nested)
+    checked = stored or any(r.figures.audits > 0 for r in watching) or any(n.checked for n in nested)
     if watching:
-        lines += _watch(watching, uncovered=len(problems) + len(unset))
+        lines += _watch(watching, uncovered=len(problems) + len(unset), stored=stored)
     else:  # said, so that a run with the watch off never reads as one the watch found clean
         lines.append("gradguard watch: off (audit 0) in every process: no step boundary was checked")
     lines += missing_ranks(processes, prog)
@@ -105,6 +106,7 @@ def _stats(reports: Sequence[ProcessReport]) -> str:
             row.tensors_detached += entry.tensors_detached
             row.pinned_bytes_per_record = max(row.pinned_bytes_per_record, entry.pinned_bytes_per_record)
             row.pinned_bytes_released += entry.pinned_bytes_released
+            row.refused += entry.refused
     if not rows:
         return "gradguard stats: no guarded store saw a record"
     return f"gradguard stats:\n{Stats(rows)}"
@@ -128,13 +130,14 @@ def _who(reports: Sequence[ProcessReport], names: Sequence[str]) -> Callable[[Se
     return who
 
 
-def _watch(reports: list[ProcessReport], uncovered: int) -> list[str]:
+def _watch(reports: list[ProcessReport], uncovered: int, stored: bool) -> list[str]:
     names = labels(reports)
     first = reports[0]
     # one process: the command itself reads as its watch's own summary, unless it has a rank or is an actor
     many = len(reports) > 1 or not first.top or first.rank is not None or first.actor is not None
     records = [WatchRecord(r.figures, r.holders, name if many else "") for r, name in zip(reports, names)]
-    lines = [summarize(records, who=_who(reports, names))]
+    nothing = "no step boundary was checked (the guarded stores' records were: above)" if stored else NOTHING
+    lines = [summarize(records, who=_who(reports, names), nothing=nothing)]
     stepped = [(name, r) for name, r in zip(names, reports) if r.figures.boundaries]
     idle = [(name, r) for name, r in zip(names, reports) if not r.figures.boundaries]
     if many and stepped:

@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 FORMAT = "gradguard-run-report"
-VERSION = 3
+VERSION = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,6 +262,7 @@ def _stats(stats: Mapping[tuple[str, str], SiteStats], base: Baseline) -> tuple[
                 records=row.records - before.records,
                 tensors_detached=row.tensors_detached - before.tensors_detached,
                 pinned_bytes_released=row.pinned_bytes_released - before.pinned_bytes_released,
+                refused=row.refused - before.refused,
             )
         if row.records > 0:
             rows.append(row)

@@ -87,7 +87,6 @@ def reload_env() -> None:
     _env = None
 
 
-
 def resolve(explicit: Mode | None = None) -> Mode:
     """The mode in force for one call.
 

@@ -29,6 +29,7 @@ __all__ = [
     "claim_warning",
     "count_at",
     "count_clean",
+    "count_refused",
     "estimate_of",
     "known_site",
     "new_site",
@@ -49,12 +50,13 @@ class SiteStats:
         site: ``file:line`` of the code that published into the store, or, for records that carried no
             graph, the marker ``(no graph: site not resolved)`` (finding the caller is skipped on that path);
             for the watch's repairs, the holder's path.
-        records: Records that carried a graph.
+        records: Records that carried a graph (in ``raise`` mode, the refused ones).
         tensors_detached: The distinct graph tensors replaced in them.
         pinned_bytes_per_record: What detaching the site's first such record releases (the leaves that
             require grad, not parameters, and their gradients, which its graph keeps once backward ran;
             in a forward-only pass the saved activations are released too and not counted).
         pinned_bytes_released: ``pinned_bytes_per_record`` times ``records``: an estimate, made once per site.
+        refused: Of ``records``, those refused in ``raise`` mode (nothing of them was stored, or detached).
     """
 
     store: str
@@ -63,6 +65,7 @@ class SiteStats:
     tensors_detached: int = 0
     pinned_bytes_per_record: int = 0
     pinned_bytes_released: int = 0
+    refused: int = 0
 
 
 class Stats(dict[tuple[str, str], SiteStats]):
@@ -74,6 +77,9 @@ class Stats(dict[tuple[str, str], SiteStats]):
             (display(s.store), display(s.site), str(s.records), str(s.tensors_detached), human(s.pinned_bytes_released))
             for s in self.values()
         ]
+        if any(s.refused for s in self.values()):  # a column only where raise mode refused something
+            header += ("refused",)
+            rows = [(*row, str(s.refused)) for row, s in zip(rows, self.values())]
         return _table.text(header, rows)
 
 
@@ -137,6 +143,7 @@ _warned: set[tuple[str, str, str]] = set()
 _live: dict[int, _Tally] = {}  # id(holder) -> the tally of a live thread
 _retired_clean: dict[str, int] = {}
 _retired: dict[tuple[str, str], list[int]] = {}  # (store, site) -> [records, tensors, estimate] of ended threads
+_refused: dict[tuple[str, str], int] = {}  # (store, site) -> records refused (rare: each one raised)
 _local = threading.local()
 
 
@@ -263,6 +270,17 @@ def count_at(store: str, site: str, records: int, tensors: int, estimate: int) -
     count.tensors += tensors
 
 
+def count_refused(store: str, site: str) -> None:
+    """Count a record refused in ``raise`` mode (it carried a graph; nothing of it was stored).
+
+    Args:
+        store: The store's name.
+        site: ``file:line`` of the code that published it.
+    """
+    with _lock:  # a refusal raises: never on a path that runs per record
+        _refused[(store, site)] = _refused.get((store, site), 0) + 1
+
+
 def claim_warning(store: str, site: str, kind: str) -> bool:
     """Whether a warning is to be shown: once per site and kind, in any thread, until :func:`reset_stats`.
 
@@ -307,6 +325,7 @@ def stats() -> Stats:
         cleans = [dict(t.clean) for t in tallies] + [dict(_retired_clean)]
         counts = [c for t in tallies for c in list(t.counts.values())]
         retired = [(key, list(totals)) for key, totals in _retired.items()]
+        refused = dict(_refused)
     rows: dict[tuple[str, str], SiteStats] = {}
     for (store, site), (records, tensors, estimate) in retired:
         row = rows.setdefault((store, site), SiteStats(store, site, 0, 0, estimate))
@@ -320,10 +339,14 @@ def stats() -> Stats:
     for clean in cleans:
         for store, n in clean.items():
             rows.setdefault((store, UNRESOLVED), SiteStats(store, UNRESOLVED)).records += n
+    for (store, site), n in refused.items():
+        row = rows.setdefault((store, site), SiteStats(store, site))
+        row.records += n
+        row.refused += n
     snapshot = Stats()
     for key, row in rows.items():
         if row.records:
-            row.pinned_bytes_released = row.records * row.pinned_bytes_per_record
+            row.pinned_bytes_released = (row.records - row.refused) * row.pinned_bytes_per_record
             snapshot[key] = row
     return snapshot
 
@@ -337,6 +360,7 @@ def reset_stats() -> None:
         _warned.clear()
         _retired.clear()
         _retired_clean.clear()
+        _refused.clear()
 
 
 def _tables() -> dict[str, Any]:

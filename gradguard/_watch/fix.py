@@ -112,7 +112,6 @@ def _package(label: str) -> str:
     return f"{label} {version}" if version else label
 
 
-
 def _spelled(path: Path, start: int, end: int, owners: list[Owner]) -> str:
     """``path[start:end]`` as the program names it: from its first edge's own name (``HISTORY``,
     ``trainer.metrics``), or, when the path starts inside a library's state, from the program's object
@@ -161,4 +160,3 @@ def _where(path: Path, start: int) -> str:
     if edge.kind == "named":  # gradguard._heap.roots: "in actor Trainer"
         return f"in {edge.owner.label}"
     return f"in {module_dict(edge.owner).get('__name__')}"
-

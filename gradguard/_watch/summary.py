@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from .._policy import table as _table
 from .._policy.message import display, human, nodes_text, plural
 
-__all__ = ["BOUNDED", "HolderHistory", "WatchFigures", "WatchRecord", "render", "summarize"]
+__all__ = ["BOUNDED", "NOTHING", "HolderHistory", "WatchFigures", "WatchRecord", "render", "summarize"]
 
 BOUNDED = "bounded"
 """A holder's outcome when its graph was replaced at every step: listed, never acted on."""
@@ -168,11 +168,16 @@ class _Row:
         return f"{text} ({human(released)} back)" if released else text
 
 
+NOTHING = "nothing was checked"
+"""What a summary says when no audit ran."""
+
+
 def summarize(
     watches: Sequence[WatchRecord],
     *,
     title: str = "gradguard watch",
     who: Callable[[Sequence[int]], str] | None = None,
+    nothing: str = NOTHING,
 ) -> str:
     """The summary of one watch, or of several (the processes of one run): what was checked, what was found,
     and a table of the leaking holders.
@@ -187,6 +192,8 @@ def summarize(
         title: What the first line starts with.
         who: The text naming the watches of the given indices in a holder's row (``ranks 0-3 of 4``);
             by default their names, joined.
+        nothing: What is said when no audit ran (a run whose guarded stores checked records says that no
+            step boundary was).
 
     Returns:
         The summary: one line, followed by a table when holders kept graphs.
@@ -195,7 +202,7 @@ def summarize(
     f = functools.reduce(operator.add, [w.figures for w in watches])
     where = f" in {plural(len(watches), 'process')}" if several else ""
     if not f.boundaries:
-        return f"{title}: no optimizer step was seen{where}: nothing was checked"
+        return f"{title}: no optimizer step was seen{where}: {nothing}"
     where = f",{where}" if where else ""
     since = "their time since the first" if len(watches) > 1 else "the time since the first"
     share = f" ({100 * f.seconds / f.elapsed:.2f}% of {since})" if f.elapsed > 0 and f.seconds else ""
@@ -203,7 +210,7 @@ def summarize(
     head = f"{title}: {plural(f.boundaries, 'step boundary')}, {f.audits} audited{asked}{where}{share}"
     memory = _memory(watches)
     if not f.audits:
-        return f"{head}: no audit ran, nothing was checked{_clause(memory)}"
+        return f"{head}: no audit ran, {nothing}{_clause(memory)}"
     rows = _rows(watches)
     leaks = [row for row in rows if not row.bounded]
     unaudited = [w.name for w in watches if several and w.figures.boundaries and not w.figures.audits]

@@ -42,7 +42,7 @@ _REPORT_DIR = "GRADGUARD_REPORT_DIR"
 _RUN_ID = "GRADGUARD_RUN_ID"
 _PARENT = "GRADGUARD_RUN_PARENT"
 _FORMAT = "gradguard-run-report"
-_VERSION = 3
+_VERSION = 4
 
 
 class _Loader:
