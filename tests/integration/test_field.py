@@ -81,4 +81,4 @@ def test_the_fixed_release_is_silent(key: str, audit_every: str | None, tmp_path
     assert _holders(run) == [] and run.error is None and run.warnings == [], _said(run)
     assert run.reports, _said(run)  # the process was reached and reported
     if audit_every == "1":
-        assert sum(r["audits"] for r in run.reports) >= 1, _said(run)  # silent because clean, not unchecked
+        assert sum(r["figures"]["audits"] for r in run.reports) >= 1, _said(run)  # silent because clean, not unchecked
