@@ -48,6 +48,7 @@ from torch import nn  # noqa: E402
 
 import gradguard  # noqa: E402
 from gradguard._policy import table as _table  # noqa: E402
+from gradguard._policy.message import human  # noqa: E402
 from gradguard._tools.bench.late_leak import LateLeak  # noqa: E402
 from gradguard._tools.bench.machine import measuring  # noqa: E402
 from gradguard._tools.bench.report import write_json  # noqa: E402
@@ -316,14 +317,9 @@ def _slope(values: Sequence[int]) -> float:
     return num / den
 
 
-def _human(n: float) -> str:
-    sign = "-" if n < 0 else "+"
-    value = abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
-        value /= 1024
-    return f"{n}"
+def _rate(n: float) -> str:
+    """A signed byte rate: ``+1.5 MiB``, ``-384 B``."""
+    return ("-" if n < 0 else "+") + human(int(abs(n)))
 
 
 def verdicts(entry: dict[str, Any]) -> list[tuple[str, bool, str]]:
@@ -346,7 +342,7 @@ def verdicts(entry: dict[str, Any]) -> list[tuple[str, bool, str]]:
                 (
                     "detach: memory stops growing within 5 boundaries of the report",
                     _slope(tail) < 0.1 * max(1.0, _slope(plain["memory"][start:])),
-                    f"{_human(_slope(tail))}/step after {reported + 5} vs {_human(_slope(plain['memory'][start:]))}"
+                    f"{_rate(_slope(tail))}/step after {reported + 5} vs {_rate(_slope(plain['memory'][start:]))}"
                     "/step unwatched",
                 )
             )
@@ -381,8 +377,8 @@ def _row(entry: dict[str, Any]) -> tuple[str, ...]:
             str(start),
             str(w["reported_at"]) if w["reported_at"] is not None else "—",
             ", ".join(sorted({o for _, o in w["holders"]})) or "—",
-            f"{_human(_slope(plain['memory'][start - 1 :]))}",
-            f"{_human(_slope(w['memory'][after:]))}" if w["steps"] > after + 2 else "—",
+            f"{_rate(_slope(plain['memory'][start - 1 :]))}",
+            f"{_rate(_slope(w['memory'][after:]))}" if w["steps"] > after + 2 else "—",
             "",
             "",
             "",

@@ -65,6 +65,7 @@ class Run:
         new: bool = False,
         found: bool = False,
         pending: bool = False,
+        partial: bool = False,
     ) -> str | None:
         self.boundary += 1
         self.now += self.step
@@ -72,7 +73,14 @@ class Run:
         self.reasons.append(reason)
         if reason is not None:
             self.schedule.audited(
-                self.cost, reason, new=new, found=found, unexplained=False, boundary=self.boundary, pending=pending
+                self.cost,
+                reason,
+                new=new,
+                found=found,
+                unexplained=False,
+                boundary=self.boundary,
+                pending=pending,
+                partial=partial,
             )
             self.now += self.cost
         return reason
@@ -98,6 +106,18 @@ def test_the_first_boundary_is_audited_then_only_what_a_signal_or_the_backstop_a
     assert first is None or first * 0.02 * BACKSTOP_SHARE >= FIRST_COST - 1e-9
     assert len(run.audited_at("time")) * 0.05 <= BACKSTOP_SHARE * run.now + 0.05
     assert reader.readings == 2000
+
+
+def test_a_cheap_start_up_check_does_not_bring_the_backstop_forward() -> None:
+    # A start-up check that read the collector's young generations only says nothing of what a search
+    # of the heap costs: the backstop's first audit waits for FIRST_COST however little it took.
+    run = Run(Schedule("auto", TriggerSettings(), reader=FakeReader), step=0.0005, cost=0.0002)
+    run(partial=True)
+    assert run.reasons == ["start"]
+    run.cost = 0.05
+    for _ in range(20000):
+        run()
+    assert run.audited_at("time") == []  # 10 s of steps: FIRST_COST affords no audit before 500 s
 
 
 def test_a_graph_that_lived_through_two_boundaries_asks_for_an_audit() -> None:

@@ -194,6 +194,7 @@ class Schedule:
         unexplained: bool,
         boundary: int,
         pending: bool = False,
+        partial: bool = False,
     ) -> None:
         """The audit of boundary ``boundary`` took ``cost`` seconds.
 
@@ -207,9 +208,10 @@ class Schedule:
             boundary: The boundary's number.
             pending: It left old graphs that may still become leaks (a variable one boundary short of it, a
                 graph another optimizer trains through): the constant-time signal keeps asking about them.
+            partial: It read part of the heap (the start-up check of a watcher that followed every step:
+                the collector's young generations): its cost is no estimate of the next audit's.
         """
         self.spent += cost
-        self.last_cost = cost
         if reason == "start":
             pass
         elif new:
@@ -220,6 +222,8 @@ class Schedule:
             self.backstop += cost
         else:
             self.charged += cost
+        if not partial:
+            self.last_cost = cost
         if reason == "old" and not new:
             # Only a search that leaves graphs the signal asks about again repeats itself.
             self.old_streak = self.old_streak + 1 if pending else 0

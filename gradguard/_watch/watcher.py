@@ -222,7 +222,7 @@ class Watcher:
         start = _clock()
         report: RetentionReport | None = None
         raised: BaseException | None = None
-        searched = False
+        searched = young = False
         state.repairing = None
         try:
             # The start-up check of a watcher that followed every step since it started: what those steps
@@ -252,6 +252,7 @@ class Watcher:
                 unexplained=state.unexplained > 0,
                 boundary=boundary,
                 pending=state.horizon < boundary - state.schedule.old,
+                partial=young,
             )
             state.sequence = torch.autograd._get_sequence_nr()
             for listener in list(self._listeners):
@@ -700,7 +701,7 @@ def _weak_listener(watcher: Watcher) -> backwards.Listener:
     def listener(roots: Sequence[Any]) -> None:
         target = ref()
         if target is not None:
-            stamp_backward(target._state(), roots, hunting=target.every != "auto")
+            target._on_backward(roots)
 
     return listener
 
