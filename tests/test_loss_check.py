@@ -135,8 +135,8 @@ def test_params_without_reaches_params_is_refused(check: Any, model: PolicyValue
     [
         ({"check": "bogus"}, "check='bogus' is not accepted"),
         ({"check": "reaches_params"}, "needs params="),
-        ({"check_every": 0}, "check_every must be a positive int"),
-        ({"check_every": True}, "check_every must be a positive int"),
+        ({"check_every": 0}, "check_every=0 is not accepted; accepted: a whole number >= 1"),
+        ({"check_every": True}, "check_every=True is not accepted; accepted: a whole number >= 1"),
     ],
 )
 def test_bad_options_are_clear_errors(options: dict[str, Any], match: str) -> None:

@@ -430,5 +430,6 @@ def test_a_store_refusal_is_in_the_summary(tmp_path: Path) -> None:
     assert summary[1].split() == ["store", "site", "records", "tensors", "detached", "released", "(est.)", "refused"]
     assert summary[3].split() == ["metrics", f"{tmp_path / 'train.py'}:4", "1", "0", "0", "B", "1"]
     assert summary[4] == (
-        "gradguard watch: no optimizer step was seen: no step boundary was checked (the guarded stores' records were: above)"
+        "gradguard watch: no optimizer step was seen: no step boundary was checked"
+        " (the guarded stores' records were: above)"
     )

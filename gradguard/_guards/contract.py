@@ -26,6 +26,7 @@ from torch import nn
 
 from .._errors import GradGuardError, LossContractError, LossContractWarning
 from .._graph.reach import active_transform, unreached_params
+from .._policy import validate
 from .._policy.site import caller, warn_at
 
 __all__ = ["Check", "LossCheck", "Params", "check_loss", "named_params"]
@@ -197,7 +198,7 @@ class LossCheck:
         on_violation_option: str = "on_violation",
     ) -> None:
         if check not in CHECKS:
-            raise GradGuardError(f"check={check!r} is not accepted; accepted: {CHECKS}")
+            raise validate.refusal("check", check, ", ".join(repr(c) for c in CHECKS))
         if check == "reaches_params" and params is None:
             raise GradGuardError("check='reaches_params' needs params= (a module or its parameters)")
         if check != "reaches_params" and params is not None:
@@ -205,11 +206,9 @@ class LossCheck:
                 f"params= is read only by check='reaches_params', but check={check!r}: pass "
                 "check='reaches_params' to check that the loss's graph reaches them, or drop params="
             )
-        if type(check_every) is not int or check_every < 1:
-            raise GradGuardError(f"check_every must be a positive int, got {check_every!r}")
+        validate.whole(check_every, what="check_every", least=1, text=False)
         if on_violation not in ON_VIOLATION:
-            accepted = ", ".join(repr(v) for v in ON_VIOLATION)
-            raise GradGuardError(f"{on_violation_option}={on_violation!r} is not accepted; accepted: {accepted}")
+            raise validate.refusal(on_violation_option, on_violation, ", ".join(repr(v) for v in ON_VIOLATION))
         self.check, self.check_every, self.on_violation, self.name = check, check_every, on_violation, name
         self.params = None if params is None else _for_walk(params)
         self.walks = check == "reaches_params"

@@ -72,8 +72,8 @@ class Stats(dict[tuple[str, str], SiteStats]):
     """``stats()``'s result: ``{(store, site): SiteStats}``; ``str()`` gives a table."""
 
     def __str__(self) -> str:
-        header = ("store", "site", "records", "tensors detached", "released (est.)")
-        rows = [
+        header: tuple[str, ...] = ("store", "site", "records", "tensors detached", "released (est.)")
+        rows: list[tuple[str, ...]] = [
             (display(s.store), display(s.site), str(s.records), str(s.tensors_detached), human(s.pinned_bytes_released))
             for s in self.values()
         ]

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Literal
 
-from .._errors import GradGuardError
+from .._policy import validate
 
 __all__ = [
     "CPU",
@@ -164,9 +164,9 @@ class AllocatedReader:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if cpu not in ("auto", "mallinfo2", "statm", "off"):
-            raise GradGuardError(f"cpu={cpu!r} is not accepted; accepted: 'auto', 'mallinfo2', 'statm', 'off'")
-        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1):
-            raise GradGuardError(f"share={share!r} is not accepted; accepted: a number > 0 and <= 1, or None")
+            raise validate.refusal("cpu", cpu, "'auto', 'mallinfo2', 'statm', 'off'")
+        if share is not None:
+            validate.number(share, what="share", accepted="a number > 0 and <= 1, or None", ok=_fraction, text=False)
         self.share = share
         self._clock = clock
         self._costs: collections.deque[float] = collections.deque(maxlen=_COSTS_KEPT)
@@ -249,6 +249,10 @@ class AllocatedReader:
         self._readings += 1
         for d in self._used:
             out[f"cuda:{d}"] = stats(d)["current"]
+
+
+def _fraction(share: float) -> bool:
+    return 0 < share <= 1
 
 
 def _allocated_stats(torch: ModuleType) -> Callable[[int], dict[str, int]]:

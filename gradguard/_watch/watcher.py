@@ -139,7 +139,9 @@ class Watcher:
     # ---------------------------------------------------------------------------------------------
     # Boundaries
 
-    def boundary(self, optimizer: Any = None) -> RetentionReport | None:
+    def boundary(
+        self, optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None = None
+    ) -> RetentionReport | None:
         """One step boundary of the calling thread, after the optimizer stepped.
 
         Args:

@@ -28,7 +28,7 @@ import torch
 
 import gradguard
 
-from ..._errors import GradGuardError
+from ..._policy import validate
 from ..._watch.allocated import AllocatedReader
 from .scenarios import Size, build
 
@@ -71,17 +71,16 @@ class LateLeak:
         bytes_per_step: int = BYTES_PER_STEP,
         micro_batches: int = 1,
     ) -> None:
-        if start is not None and (isinstance(start, bool) or not isinstance(start, int) or start < 1):
-            raise GradGuardError(f"start={start!r} is not accepted; accepted: a step number >= 1, or None")
+        if start is not None:
+            validate.whole(start, what="start", least=1, accepted="a step number >= 1, or None", text=False)
         if (
             isinstance(bytes_per_step, bool)
             or not isinstance(bytes_per_step, int)
             or bytes_per_step < 8
             or bytes_per_step % 8
         ):
-            raise GradGuardError(f"bytes_per_step={bytes_per_step!r} is not accepted; accepted: a multiple of 8 >= 8")
-        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
-            raise GradGuardError(f"micro_batches={micro_batches!r} is not accepted; accepted: a whole number >= 1")
+            raise validate.refusal("bytes_per_step", bytes_per_step, "a multiple of 8 >= 8")
+        validate.whole(micro_batches, what="micro_batches", least=1, text=False)
         self.device = torch.device(device)
         self.scenario = build(name, self.device, size or Size())
         self.start = start
