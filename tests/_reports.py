@@ -1,5 +1,5 @@
 """Report records as processes write them, for the tests of the merged summary and of reading a run
-folder back (``tests/test_launch.py``, ``tests/test_launch_reports.py``)."""
+folder back (``tests/launch/test_launch.py``, ``tests/launch/test_launch_reports.py``)."""
 
 from __future__ import annotations
 

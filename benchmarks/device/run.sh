@@ -22,7 +22,7 @@
 #
 #   --dry-run  check the carried wheels and print every step; run nothing (no GPU, no torch needed)
 #   --cpu      every step on the CPU at a small size, files named bench-cpu.*: the check of the
-#              script itself on a machine without a GPU (tests/test_device_script.py runs it)
+#              script itself on a machine without a GPU (tests/bench/test_device_script.py runs it)
 #
 # .whl/ is git-ignored: whatever copies this tree to the GPU machine must bring it along (2.3 MiB).
 #
@@ -56,10 +56,10 @@ wheels=${GRADGUARD_WHEELS:-$repo/.whl}
 budget=${GRADGUARD_DEVICE_BUDGET_S:-450}
 target=$([ "$mode" = cpu ] && echo cpu || echo cuda) # --dry-run prints the CUDA run
 
-# The CUDA-only tests of tests/ (skipped without a GPU); tests/test_device_script.py checks that this
+# The CUDA-only tests of tests/ (skipped without a GPU); tests/bench/test_device_script.py checks that this
 # list is every test there that is skipped unless torch.cuda.is_available().
 CUDA_TESTS=(
-  tests/test_offload.py::test_cuda_tensors_land_on_the_host_pinned
+  tests/boundary/test_offload.py::test_cuda_tensors_land_on_the_host_pinned
   tests/integration/test_megatron_schedule.py::test_real_schedule_on_cuda
 )
 

@@ -20,6 +20,8 @@ from .trigger import RESIDENT_FLOOR, Trigger, TriggerSettings
 __all__ = [
     "BACKSTOP_SHARE",
     "FIRST_COST",
+    "HUNTING_BACKSTOP_SHARE",
+    "HUNTING_FIRST",
     "IDLE_SHARE",
     "OLD",
     "OLD_HUNTING",
@@ -55,6 +57,14 @@ BACKSTOP_SHARE = 0.0005
 """The most of the wall time the backstop's audits may take, asked for by no signal: for graphs no
 signal sees (a record below a backward's root, an activation kept with no parameter saved)."""
 
+HUNTING_BACKSTOP_SHARE = 0.1
+"""With ``every=N``: the most of the wall time the audits of the backstop may take. Hunting spends time
+to find what no signal sees (a graph kept from a forward that saved no sampled parameter: ``torch.func``'s
+transforms), and its first backstop audit comes once the time since the start-up check is
+:data:`HUNTING_FIRST` times what that check took, so a short run gets one."""
+
+HUNTING_FIRST = 3
+
 READ_SHARE = 0.0005
 """The most of the wall time the memory readings may take."""
 
@@ -75,7 +85,7 @@ class Schedule:
     Args:
         every: ``"auto"``, or a positive ``int`` (hunting: the signals of every ``every``-th boundary
             are acted on at once, whatever they cost; after the start-up check no audit is made
-            without a signal).
+            without a signal but the backstop's, within :data:`HUNTING_BACKSTOP_SHARE`).
         memory: The memory trigger's settings, or ``None`` for no memory figure.
         reader: Builds the memory figure's reader (tests inject one).
         clock: The clock, in seconds (tests inject one).
@@ -96,7 +106,9 @@ class Schedule:
         self.charged = 0.0  # of which after the start-up check, finding nothing new
         self.repeated = 0.0  # of which finding only leaks already reported
         self.backstop = 0.0  # of which the backstop's
-        self.last_cost = 0.0
+        self.backstops = 0  # the backstop's audits
+        self.last_cost = 0.0  # of the last audit that read the whole heap
+        self.first_cost = 0.0  # of the start-up check, whatever it read
         self.old_streak = 0  # searches for old graphs in a row that left graphs the signal asks about again
         self.repeating = False  # the last audit found only leaks already reported
         self.retry_at: int | None = None  # the boundary to look again for old graphs no holder was found for
@@ -166,7 +178,12 @@ class Schedule:
             self.held.declined()
         if grew and self._trigger is not None:
             self._trigger.declined()
-        if not hunting and self.charged + self.backstop + (self.last_cost or FIRST_COST) <= BACKSTOP_SHARE * elapsed:
+        if hunting:
+            if not self.backstops and HUNTING_FIRST * self.first_cost <= elapsed:
+                return "time"
+            if self.backstops and self.backstop + self.last_cost <= HUNTING_BACKSTOP_SHARE * elapsed:
+                return "time"
+        elif self.charged + self.backstop + (self.last_cost or FIRST_COST) <= BACKSTOP_SHARE * elapsed:
             return "time"
         self._settle()
         return None
@@ -212,6 +229,7 @@ class Schedule:
                 the collector's young generations): its cost is no estimate of the next audit's.
         """
         self.spent += cost
+        self.backstops += reason == "time"
         if reason == "start":
             pass
         elif new:
@@ -224,6 +242,8 @@ class Schedule:
             self.charged += cost
         if not partial:
             self.last_cost = cost
+        if reason == "start":
+            self.first_cost = cost
         if reason == "old" and not new:
             # Only a search that leaves graphs the signal asks about again repeats itself.
             self.old_streak = self.old_streak + 1 if pending else 0

@@ -195,7 +195,7 @@ def test_a_process_that_imports_torch_but_not_gradguard_reports_why(tmp_path: Pa
 
 
 def test_the_committed_start_up_cost_meets_its_budget_and_names_its_machine() -> None:
-    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
     doc = json.loads((results / "launch-cpu.json").read_text())
     assert doc["machine_line"] in (results / "launch-cpu.md").read_text()
     budgets = {c["case"]: (c["rounds"], c["paired_median_ms"], c["budget_ms"]) for c in doc["cases"]}
@@ -205,7 +205,7 @@ def test_the_committed_start_up_cost_meets_its_budget_and_names_its_machine() ->
 
 
 def test_the_start_up_benchmark_quick_run(tmp_path: Path) -> None:
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out, md = tmp_path / "launch.json", tmp_path / "launch.md"
     run = subprocess.run(
         [sys.executable, "-m", "benchmarks.launch", "--quick", "--json", str(out), "--md", str(md)],

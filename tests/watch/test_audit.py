@@ -24,7 +24,7 @@ from gradguard._heap import paths as _paths
 from gradguard._watch import audit as _audit
 from gradguard.testing import assert_no_retention
 
-HERE = "tests/test_audit.py"
+HERE = "tests/watch/test_audit.py"
 
 
 @pytest.fixture(autouse=True)
@@ -163,7 +163,7 @@ def test_hf_tr_loss_accumulated_by_plus_equals_in_a_frame_local() -> None:
     assert entry.path.startswith(f"{HERE}:") and entry.path.endswith(f" in {fn}: trainer.tr_loss")
     assert (entry.kind, entry.tensors, entry.grad_fn) == ("local", 1, "AddBackward0")
     assert entry.thread == threading.current_thread().name
-    assert entry.fix.startswith("detach before storing into trainer.tr_loss (in tests/test_audit.py:")
+    assert entry.fix.startswith("detach before storing into trainer.tr_loss (in tests/watch/test_audit.py:")
     one_step = _graph.graph_memory([_loss(model).grad_fn], set())[1]
     assert entry.nodes > 2 * one_step  # the accumulator's graph grows by a step's nodes every step
 
@@ -179,7 +179,7 @@ def test_a_metrics_dict_that_is_a_named_argument_suggests_enforce_stores(monkeyp
     assert entry.fix == 'gradguard.enforce(stores={"gg_leaky_trl:Trainer.step": "metrics"})'
     # once step() returned, the same dict is the test's own local
     (entry,) = [e for e in _entries(HERE) if e.holder.endswith("metrics['loss_sum']")]
-    assert entry.fix.startswith("metrics = gradguard.guard({}) (in tests/test_audit.py:")
+    assert entry.fix.startswith("metrics = gradguard.guard({}) (in tests/watch/test_audit.py:")
 
 
 def test_a_trainer_metrics_attribute(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -220,7 +220,7 @@ def test_loss_sum_in_a_suspended_generator() -> None:
     assert entry.holder == f"{HERE} in _train_steps: loss_sum"
     assert entry.path.startswith(f"{HERE}:") and entry.path.endswith(" in _train_steps: loss_sum")
     assert entry.kind == "local" and entry.thread is None  # a suspended generator's frame runs in no thread
-    assert entry.fix.startswith("detach before storing into loss_sum (in tests/test_audit.py:")
+    assert entry.fix.startswith("detach before storing into loss_sum (in tests/watch/test_audit.py:")
     steps.close()
 
 

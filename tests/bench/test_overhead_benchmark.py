@@ -24,7 +24,7 @@ from benchmarks.overhead.__main__ import main, run
 from gradguard._policy import modes as _policy
 from gradguard._scope import enforce as _enforce
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
 

@@ -103,7 +103,7 @@ def test_a_packages_frame_local_names_the_programs_call_that_led_there(fakelib: 
     message = str(caught.value)
     assert re.search(r"  fakelib/__init__\.py:\d+ in fit: tr_loss: ", message)  # the installed file, not from the cwd
     assert "fakelib 1.2.3 keeps it in a local of fit, which gradguard does not repair" in message
-    assert "it reached that state from your call at tests/test_library_holders.py:" in message
+    assert "it reached that state from your call at tests/heap/test_library_holders.py:" in message
     assert "in test_a_packages_frame_local_names_the_programs_call_that_led_there" in message
 
 

@@ -23,7 +23,7 @@ from gradguard._watch.trigger import RESIDENT_FLOOR, Request, Trigger, TriggerSe
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 LEAK = 256 * KiB
-NOISE = json.loads((Path(__file__).parent / "data" / "trigger_noise_cpu.json").read_text())
+NOISE = json.loads((Path(__file__).parents[1] / "data" / "trigger_noise_cpu.json").read_text())
 SCENARIOS = sorted(NOISE["scenarios"])
 
 

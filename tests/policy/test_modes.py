@@ -215,7 +215,10 @@ def test_raise_refuses_append_with_a_full_message() -> None:
     assert "4.0 KiB" in message
     assert "nothing was stored" in message
     assert isinstance(info.value, GradGuardError)
-    assert gradguard.stats() == {}  # a refusal counts nothing
+    site = f"{HERE}:{line}"  # a refusal is counted at its site, and nothing as detached or stored
+    assert gradguard.stats() == {
+        ("forward_data_store", site): gradguard.SiteStats("forward_data_store", site, records=1, refused=1)
+    }
 
 
 def test_raise_extend_with_one_bad_item_appends_nothing() -> None:
@@ -265,7 +268,9 @@ def test_raise_dict_update_is_all_or_nothing() -> None:
         with pytest.raises(GraphRetentionError):
             attempt()
         assert store == {"a": old} and store["a"] is old
-    assert gradguard.stats() == {}
+    counted = gradguard.stats()  # each refusal at its own site, nothing detached
+    assert len(counted) == len(attempts)
+    assert all(s.refused == 1 and s.tensors_detached == 0 and s.pinned_bytes_released == 0 for s in counted.values())
 
 
 def test_raise_deque_entry_points_unchanged() -> None:

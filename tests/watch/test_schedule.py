@@ -17,7 +17,14 @@ import gradguard
 from gradguard._watch import schedule as _schedule
 from gradguard._watch import threads as _threads
 from gradguard._watch import watcher as _watch
-from gradguard._watch.schedule import BACKSTOP_SHARE, FIRST_COST, IDLE_SHARE, REPEAT_SHARE, Schedule
+from gradguard._watch.schedule import (
+    BACKSTOP_SHARE,
+    FIRST_COST,
+    HUNTING_BACKSTOP_SHARE,
+    IDLE_SHARE,
+    REPEAT_SHARE,
+    Schedule,
+)
 from gradguard._watch.trigger import TriggerSettings
 
 KiB = 1024
@@ -190,15 +197,30 @@ def test_old_graphs_no_holder_was_found_for_are_looked_for_again_less_and_less_o
     assert looked[0] == (1, "start") and retries[:3] == [2, 4, 8] and gaps == sorted(gaps)
 
 
-def test_hunting_acts_on_the_signals_of_every_nth_boundary_at_once_and_audits_nothing_without_one() -> None:
+def test_hunting_acts_on_the_signals_of_every_nth_boundary_at_once_and_otherwise_only_on_its_backstop() -> None:
     reader = FakeReader()
     run = Run(Schedule(2, TriggerSettings(), reader=lambda: reader), step=0.001, cost=0.05)
     run()
     reasons = [run(old=b - 2) for b in range(2, 40)]  # every old graph: each even boundary searches
     assert reasons[0::2] == ["old"] * 19 and reasons[1::2] == [None] * 19
     quiet = Run(Schedule(1, TriggerSettings(), reader=lambda: reader))
-    assert [quiet() for _ in range(500)] == ["start"] + [None] * 499
+    reasons = [quiet() for _ in range(500)]
+    assert reasons[0] == "start" and set(reasons[1:]) == {None, "time"}  # no signal: the backstop only
+    backstop = quiet.audited_at("time")
+    assert backstop[0] > 2  # its first once three times the start-up check's cost went by
+    assert len(backstop) * 0.05 <= HUNTING_BACKSTOP_SHARE * quiet.now + 0.05
     assert reader.readings == 1 + 19 + 500  # the figure is read at every checked boundary
+
+
+def test_a_short_hunt_gets_a_backstop_audit_timed_by_its_start_up_check() -> None:
+    # A leak no signal sees (a torch.func forward saves no sampled parameter) in a 6-step run: the
+    # start-up check read the young generations only, and the backstop's first audit is timed by it
+    # (once three times its cost went by); the next ones keep within their share.
+    run = Run(Schedule(1, None), step=0.005, cost=0.0005)
+    run(partial=True)
+    run.cost = 0.05
+    reasons = [run() for _ in range(5)]
+    assert reasons[0] == "time" and reasons[1:] == [None] * 4  # then its share waits for 1 s
 
 
 def test_a_resident_set_figure_gets_the_coarser_floor() -> None:

@@ -24,13 +24,24 @@ from pathlib import Path
 import pytest
 from _helpers import require_engine
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RUN_SH = REPO / "benchmarks" / "device" / "run.sh"
 sys.path.insert(0, str(REPO / "benchmarks" / "device"))
 import check_wheels  # noqa: E402
 
 TIMEOUT_S = 600  # the --cpu run takes minutes on a loaded machine (its own budget is 450 s)
-TIMED_VERDICT = "clean run: the watch's share of the wall time"
+# The benchmarks' verdicts that rest on the machine's speed: a share of the wall time, the watch's own
+# microseconds, and what the watch's time budgets decide on short steps (which backwards' roots are
+# stamped, how often a repaired holder is read again). A loaded machine can miss them; the benchmark
+# measures them and says MISSED (exit 1), and the tests assert no timing.
+BENCH_TIMED = ("the watch's share of the wall time", "reported within 5 boundaries of the leak's start")
+TIMED_VERDICTS = (
+    *BENCH_TIMED,  # gradguard bench --late-leak's (it exits 1 on a missed verdict)
+    "share of the wall time after the start-up check",  # the watch benchmark's (it exits 0)
+    "of the watch's own time per boundary",
+    "reported within 3 boundaries of its start",
+    "memory stops growing within 5 boundaries of the report",
+)
 
 
 def run_sh(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -326,12 +337,11 @@ def test_cpu_mode_runs_every_step_and_writes_the_eight_files(wheels: Path, tmp_p
     require_engine("megatron.core.pipeline_parallel.schedules")
     out = tmp_path / "out"
     proc = run_sh("--cpu", str(out), GRADGUARD_WHEELS=str(wheels), PYTHON=sys.executable)
-    # The clean run's share of the wall time is a timing: the benchmark measures it and says MISSED
-    # (exit 1) when it is over its target, which a loaded machine can cause; every other verdict holds.
-    missed = [line for line in proc.stdout.splitlines() if ": MISSED " in line]
-    timed = [line for line in missed if TIMED_VERDICT in line]
-    assert missed == timed, proc.stdout[-6000:] + proc.stderr
-    assert proc.returncode == (1 if timed else 0), proc.stdout[-6000:] + proc.stderr
+    missed = [check.strip() for line in proc.stdout.splitlines() for check in re.findall(r"MISSED\s+([^;]+)", line)]
+    timed = [check for check in missed if any(verdict in check for verdict in TIMED_VERDICTS)]
+    assert missed == timed, proc.stdout[-6000:] + proc.stderr  # every verdict that is not a timing holds
+    failed = [check for check in timed if any(verdict in check for verdict in BENCH_TIMED)]
+    assert proc.returncode == (1 if failed else 0), proc.stdout[-6000:] + proc.stderr
     assert sorted(p.name for p in out.iterdir()) == [
         "bench-cpu.json",
         "bench-cpu.md",
@@ -359,7 +369,7 @@ def test_cpu_mode_runs_every_step_and_writes_the_eight_files(wheels: Path, tmp_p
             "bench-seed-pp4",
             "bench-megatron-gpt",
         )
-    ] + [("bench-late-leak", "1" if timed else "0"), ("bench-watch", "0")]
+    ] + [("bench-late-leak", "1" if failed else "0"), ("bench-watch", "0")]
     watch = json.loads((out / "watch-cpu.json").read_text())
     assert "late/lora-checkpoint" in {case["case"] for case in watch["cases"]}
     runs = summary["runs"]
