@@ -67,15 +67,16 @@ def _child(argv: list[str], cwd: Path, **changes: str | None) -> subprocess.Comp
 
 def test_watch_raises_at_the_third_boundary() -> None:
     train = _namespace()["train"]
-    steps: list[int] = []
     with gradguard.watch(mode="raise") as scope:
         trainer = train(fixed=True)  # clean: nothing is reported
-        assert scope.watcher.history() == []
+    assert scope.watcher.history() == [] and scope.watcher.boundaries == 6
+    del trainer
+    steps: list[int] = []
+    with gradguard.watch(mode="raise") as scope:
         with pytest.raises(gradguard.GraphRetentionError, match=r"running\['epoch_loss'\]"):
             train(fixed=False)  # type: ignore[operator]
         steps.append(scope.watcher.boundaries)
-    del trainer
-    assert steps == [6 + 3]  # the clean run's six, then the leaky run's third
+    assert steps == [3]  # a thread's first boundaries stamp every backward: the leak's third
 
 
 def test_gradguard_run_fails_a_six_step_script(tmp_path: Path) -> None:
