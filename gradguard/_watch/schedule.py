@@ -64,6 +64,7 @@ transforms), and its first backstop audit comes once the time since the start-up
 :data:`HUNTING_FIRST` times what that check took, so a short run gets one."""
 
 HUNTING_FIRST = 3
+"""With ``every=N``: how many times the start-up check's cost must go by before the backstop's first audit."""
 
 READ_SHARE = 0.0005
 """The most of the wall time the memory readings may take."""
@@ -231,7 +232,7 @@ class Schedule:
         self.spent += cost
         self.backstops += reason == "time"
         if reason == "start":
-            pass
+            self.first_cost = cost
         elif new:
             self.old_streak = 0
         elif found:
@@ -242,8 +243,6 @@ class Schedule:
             self.charged += cost
         if not partial:
             self.last_cost = cost
-        if reason == "start":
-            self.first_cost = cost
         if reason == "old" and not new:
             # Only a search that leaves graphs the signal asks about again repeats itself.
             self.old_streak = self.old_streak + 1 if pending else 0
