@@ -8,10 +8,16 @@ of a list, every value of a dict keyed by step) — and keeps no object alive. :
 walks it again from the module, reading every object the way the audit does (no code of the
 program runs), and returns the tensors it reaches with their live paths. A path that starts at a
 frame's local or a closure is not remembered: frames come and go.
+
+Read with ``newer=True``, a list (or tuple, deque) under a wildcard is read from where its first
+graph was at the previous such read, when it has not become shorter since: a list the program
+appends a record to at every step, and whose repaired records stay, is not read whole at every
+boundary. What this skips (a record put back in the middle) is found by the audits.
 """
 
 from __future__ import annotations
 
+import collections
 import re
 import sys
 import types
@@ -31,10 +37,12 @@ _NAMED_STEPS = ("attr", "slot", "class", "item")
 class Recipe:
     """A holder's path by names: ``module``, then ``(kind, key)`` steps (``key`` may be a wildcard)."""
 
-    __slots__ = ("key", "module", "steps")
+    __slots__ = ("_resume", "key", "module", "steps")
 
     def __init__(self, key: str, module: str, steps: tuple[tuple[str, Any], ...]) -> None:
         self.key, self.module, self.steps = key, module, steps
+        # id(sequence) -> its length and where its first graph was, at the last newer read
+        self._resume: dict[int, tuple[int, int]] = {}
 
     @classmethod
     def of(cls, path: Path) -> Recipe | None:
@@ -52,30 +60,52 @@ class Recipe:
             steps.append((edge.kind, _WILD if _wild(edge) else edge.key))
         return cls(holder_key(path), module, tuple(steps))
 
-    def resolve(self) -> list[tuple[torch.Tensor, Path]]:
+    def resolve(self, newer: bool = False) -> list[tuple[torch.Tensor, Path]]:
         """Every graph tensor the recipe reaches now, with its live path whose holder key is the
-        recipe's; nothing when a step is gone."""
+        recipe's; nothing when a step is gone. ``newer``: sequences are read from where their first
+        graph was at the previous ``newer`` read (see the module documentation)."""
         module = sys.modules.get(self.module)
         if not is_a(module, types.ModuleType):
             return []
         found: list[tuple[torch.Tensor, Path]] = []
-        self._walk(module, 0, [], found)
+        resume: dict[int, tuple[int, int]] | None = {} if newer else None
+        self._walk(module, 0, [], found, resume)
+        if resume is not None:
+            self._resume = resume
         return [(t, p) for t, p in found if holder_key(p) == self.key]
 
-    def _walk(self, owner: Any, i: int, edges: list[Edge], found: list[tuple[torch.Tensor, Path]]) -> None:
+    def _walk(
+        self,
+        owner: Any,
+        i: int,
+        edges: list[Edge],
+        found: list[tuple[torch.Tensor, Path]],
+        resume: dict[int, tuple[int, int]] | None,
+    ) -> None:
         if i == len(self.steps):
             if is_a(owner, torch.Tensor) and owner.grad_fn is not None:
                 found.append((owner, tuple(edges)))
             return
         kind, key = self.steps[i]
-        for edge in _edges(owner, kind, key):
+        start = 0
+        if resume is not None and key is _WILD and not is_a(owner, dict):
+            length, first = self._resume.get(id(owner), (0, 0))
+            start = first if _length(owner) >= length else 0
+        first_graph: int | None = None
+        for edge in _edges(owner, kind, key, start):
             try:
                 child = read(edge)
             except (LookupError, AttributeError, IndexError, TypeError, ValueError):
                 continue
             edges.append(edge)
-            self._walk(child, i + 1, edges, found)
+            before = len(found)
+            self._walk(child, i + 1, edges, found, resume)
             edges.pop()
+            if first_graph is None and len(found) > before:
+                first_graph = edge.key
+        if resume is not None and key is _WILD and not is_a(owner, dict):
+            length = _length(owner)
+            resume[id(owner)] = (length, length if first_graph is None else first_graph)
 
 
 def _wild(edge: Edge) -> bool:
@@ -87,13 +117,23 @@ def _wild(edge: Edge) -> bool:
     return type(edge.key) is str and _DIGITS.search(edge.key) is not None
 
 
-def _edges(owner: Any, kind: str, key: Any) -> list[Edge]:
-    """The edges from ``owner`` that one step of a recipe stands for."""
+def _edges(owner: Any, kind: str, key: Any, start: int = 0) -> list[Edge]:
+    """The edges from ``owner`` that one step of a recipe stands for (a sequence's from item ``start``)."""
     if key is not _WILD:
         return [Edge(owner, kind, key)]
     if is_a(owner, dict):
         return [Edge(owner, "item", k) for k in list(dict.keys(owner))]
+    if start:
+        return [Edge(owner, "item", i) for i in range(start, _length(owner))]
     try:
         return [Edge(owner, "item", i) for i, _ in sequence_items(owner)]
     except TypeError:  # no longer a sequence: the holder changed
         return []
+
+
+def _length(owner: Any) -> int:
+    """A list's, tuple's or deque's length at C level (a subclass's ``__len__`` never runs); 0 otherwise."""
+    for base in (list, tuple, collections.deque):
+        if is_a(owner, base):
+            return base.__len__(owner)
+    return 0

@@ -51,9 +51,11 @@ DEEP_NODES = 32
 """Nodes stamped below the roots, nearest first; with ``every=N`` the whole graph is."""
 
 REVISIT_SHARE = 0.05
-"""``detach``: the most of a thread's wall time reading the holders it repaired before may take, to find
-what the program put there since (no heap pass: by name). It keeps a leak the program keeps filling
-bounded; it spends nothing in a program that never leaked."""
+"""``detach``: the most of a thread's wall time reading the holders found before may take, to find what
+the program put there since (no heap pass: by name); it spends nothing in a program that never leaked.
+While a holder it repaired keeps filling, every boundary reads that holder (its newest records) and
+repairs what it took: a leak the program keeps filling stays at one step's records, at the cost of
+repairing them, which is the leak's own."""
 
 _clock = time.perf_counter
 
@@ -87,6 +89,7 @@ class ThreadState:
         "deep",
         "roots",
         "stamp",
+        "refilling",
         "repairing",
         "revisit_cost",
         "revisit_spent",
@@ -113,6 +116,7 @@ class ThreadState:
         self.deep = _Rate(DEEP_SHARE)  # when to stamp below them next
         self.roots: weakref.WeakSet[Any] = weakref.WeakSet()  # the tensors whose backward was stamped
         self.repairing: tuple[int, dict[str, int]] | None = None  # memory in use before repairs, their estimates
+        self.refilling = False  # the last read of the holders repaired before repaired something
         self.revisit_cost = 0.0  # what the last read of the holders found before took
         self.revisit_spent = 0.0
 

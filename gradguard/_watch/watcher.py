@@ -40,7 +40,7 @@ from .criterion import Leak, ages, judge
 from .messages import named, raise_message, unrepaired_message, warn_message
 from .options import Every, parse_every, parse_memory
 from .recipes import Recipe
-from .repair import REPAIRED, repair
+from .repair import PARTLY, REPAIRED, repair
 from .schedule import Reason, Schedule
 from .summary import BOUNDED, HolderHistory, WatchFigures, render
 from .threads import Held, ThreadState, stamp_backward
@@ -202,8 +202,9 @@ class Watcher:
         if reason == "old" and self._revisit(state, boundary, source, optimizers, mode):
             reason = None  # every old graph was in a holder found before, and was acted on by name
             self._measure_repairs(state)
-        elif reason is None and mode == DETACH and self._recipes and state.revisit_due(now):
-            self._revisit(state, boundary, source, optimizers, mode)  # a holder repaired before fills again
+        elif reason is None and mode == DETACH and self._recipes and (state.refilling or state.revisit_due(now)):
+            # A holder repaired before fills again: while it does, every boundary repairs what it took.
+            self._revisit(state, boundary, source, optimizers, mode, only_refill=not state.revisit_due(now))
             self._measure_repairs(state)
         if reason is None:
             return None
@@ -313,18 +314,28 @@ class Watcher:
         return self._act(leaks, mode, user_frame()), searched
 
     def _revisit(
-        self, state: ThreadState, boundary: int, source: Hashable, optimizers: tuple[Any, ...], mode: Mode
+        self,
+        state: ThreadState,
+        boundary: int,
+        source: Hashable,
+        optimizers: tuple[Any, ...],
+        mode: Mode,
+        only_refill: bool = False,
     ) -> bool:
         """Read the holders found before by name (no heap pass), stamp what they took since, and act on
         their old graphs; whether that accounted for every old graph the signal saw. In ``detach`` mode
-        this runs at every boundary the repeat share affords, so a holder the program keeps filling stays
-        bounded."""
+        this runs at every boundary :data:`REVISIT_SHARE` affords, and at every boundary while the
+        holders repaired before keep filling (``only_refill``: those alone), so they stay bounded."""
         with self._lock:
             recipes = list(self._recipes.values())
         if not recipes:
             return False
         start = _clock()
         with scan_lock:
+            if mode == DETACH:
+                recipes = self._refill(state, recipes, boundary, source)
+            if only_refill:
+                recipes = []
             pairs = [pair for recipe in recipes for pair in recipe.resolve()]
             tensors = [t for t, _ in pairs]
             known = {id(t): path for t, path in pairs}
@@ -341,6 +352,58 @@ class Watcher:
         if leaks:
             self._act(leaks, mode, user_frame())
         return state.ledger.old(boundary - state.schedule.old, after=state.horizon) is None
+
+    def _refill(self, state: ThreadState, recipes: list[Recipe], boundary: int, source: Hashable) -> list[Recipe]:
+        """``detach``: the holders repaired before, read by name (their newest records), have the dead
+        graphs they took before this step repaired: the holder was judged a leak, and detaching a dead
+        graph cannot change a gradient (one that may still be backwarded is left to the audits). A
+        record is aged by its own stamp (placed when a backward started from it, or when this first
+        saw it), or when it has none, by the oldest stamp in its graph. Returns the recipes of the other
+        holders. Call holding :data:`scan_lock`."""
+        with self._lock:
+            repaired = {k for k, e in self._history.items() if e.outcome in (REPAIRED, PARTLY)}
+        others = []
+        state.refilling = False
+        ledger = state.ledger
+        for recipe in recipes:
+            if recipe.key not in repaired:
+                others.append(recipe)
+                continue
+            pairs = []
+            for t, path in recipe.resolve(newer=True):
+                stamp = ledger.stamp(t.grad_fn)
+                if stamp is not None:
+                    born: int | None = stamp.epoch
+                else:  # new here: as old as the oldest graph it holds (a running sum holds the last one)
+                    born = oldest_below([t.grad_fn], ledger).get(t.grad_fn)
+                    ledger.place(t.grad_fn, boundary - 1)  # made before this boundary, in this step at the latest
+                if born is not None and state.clock.survived(source, born) >= 1:
+                    pairs.append((t, path))
+            if not pairs:
+                continue
+            tensors = [t for t, _ in pairs]
+            liveness = Liveness({t.grad_fn for t in tensors})
+            alive = [liveness.state(t.grad_fn).alive for t in tensors]
+            del liveness
+            if all(alive):
+                continue
+            if state.repairing is None:
+                before = in_use()
+                if before is not None:
+                    state.repairing = (before, {})
+            done = repair([path for _, path in pairs], tensors, alive)
+            del pairs, tensors
+            state.refilling = state.refilling or done.released > 0
+            with self._lock:
+                entry = self._history[recipe.key]
+                entry.repaired += done.released
+                per_tensor = (entry.pinned_bytes + entry.node_bytes) // max(1, entry.tensors)
+            if done.detached:
+                _stats.count_at(STORE, recipe.key, done.detached, done.released, entry.pinned_bytes)
+                if state.repairing is not None and done.released:
+                    estimates = state.repairing[1]
+                    estimates[recipe.key] = estimates.get(recipe.key, 0) + per_tensor * done.released
+        return others
 
     def _settle(
         self,
@@ -449,7 +512,9 @@ class Watcher:
         if done.detached:
             retention = finding.retention
             _stats.count_at(STORE, finding.key, done.detached, done.released, retention.pinned_bytes)
-            repairing = self._state().repairing
+            state = self._state()
+            state.refilling = state.refilling or done.released > 0  # read it again at the next boundary
+            repairing = state.repairing
             if repairing is not None and done.released:
                 repairing[1][finding.key] = retention.pinned_bytes + retention.node_bytes
         self._note([leak], done.outcome, repaired=done.released, why=done.why)

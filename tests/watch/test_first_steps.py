@@ -7,6 +7,7 @@ The ways in: ``gradguard.watch()``, ``gradguard run``, ``GRADGUARD_AUDIT=auto`` 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import subprocess
 import sys
@@ -133,6 +134,7 @@ class _Running:
 
     def __init__(self) -> None:
         self.total = torch.tensor(0.0)
+        self.kept: list[torch.Tensor] = []
 
 
 RUNNING = _Running()
@@ -175,3 +177,41 @@ def test_detach_keeps_a_leak_the_program_keeps_filling_bounded(monkeypatch: pyte
         assert max(held[reported + 5 :]) <= 3, str(held)  # repaired again and again: never more than a few steps
     finally:
         RUNNING.total = torch.tensor(0.0)
+
+
+def test_detach_bounds_a_leak_on_steps_too_short_for_the_revisit_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step far shorter than a read of the holder: the share never affords the full read. The holder
+    repaired before is still read at every boundary while it keeps filling (its newest records), so
+    only the current step's forward keeps its graph; the gradients are those of the unwatched run."""
+    clock = [0.0]
+    for module in (_watcher, _threads):
+        monkeypatch.setattr(module, "_clock", lambda: clock[0])
+    monkeypatch.setattr(_threads.ThreadState, "revisit_due", lambda self, now: False)
+
+    def run(watched: bool) -> tuple[list[int], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        RUNNING.kept = []
+        held, grads = [], []
+        with gradguard.watch(mode="detach") if watched else contextlib.nullcontext():
+            for _ in range(60):
+                model(torch.randn(4, 8)).pow(2).mean().backward()
+                grads.extend(p.grad.clone() for p in model.parameters())  # type: ignore[union-attr]
+                RUNNING.kept.append(model(torch.randn(4, 8)))  # the leak: an evaluation forward with its graph
+                opt.step()
+                opt.zero_grad()
+                held.append(sum(t.grad_fn is not None for t in RUNNING.kept))
+                clock[0] += 1.0
+        return held, grads
+
+    try:
+        plain_held, plain_grads = run(False)
+        held, grads = run(True)
+    finally:
+        RUNNING.kept = []
+    assert plain_held[-1] == 60
+    reported = next(i for i, n in enumerate(held, 1) if n < i)
+    assert reported <= 4, held
+    assert max(held[reported + 5 :]) <= 2, held  # bounded: the last step's forward, at most the one before
+    assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads))  # bitwise
