@@ -23,7 +23,9 @@ Figures: the boundary each leak was reported at; the bytes in use after each ste
 on CPU, CUDA's allocated bytes), unwatched and under ``detach``; for clean runs the watch's share of the
 wall time after the start-up check (its audits and memory readings, by its own accounting), its own
 microseconds per boundary (its code at boundaries and backwards, timed from inside, audits excluded),
-heap searches per 1000 steps, and the wall time against the unwatched run.
+heap searches per 1000 steps, and the wall time against the unwatched run. Last, the floor of the
+watch's own time: one root's stamp and the boundary's constant-time signals at their barest, timed inside
+the fast step, unwatched.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import gradguard  # noqa: E402
+from gradguard._graph.held import HeldParameters  # noqa: E402
+from gradguard._graph.stamps import Ledger  # noqa: E402
 from gradguard._policy import table as _table  # noqa: E402
 from gradguard._policy.message import human  # noqa: E402
 from gradguard._tools.bench.late_leak import LateLeak  # noqa: E402
@@ -291,6 +295,36 @@ def _cases(args: argparse.Namespace) -> Iterator[tuple[str, str, Callable[[bool]
     yield "sawtooth", "clean", lambda w: _fast_run(device, "sawtooth", args.clean_steps, 0, w)
 
 
+def floor(device: torch.device, steps: int) -> dict[str, float]:
+    """The barest form of the watch's work at each step, timed inside the fast step, unwatched: one
+    stamp on the backward's root (a fresh ledger's, on the loss's node), and the boundary's
+    constant-time signals (torch's node counter, the sampled parameters' reference count, the oldest
+    stamp alive). Microseconds per step, each."""
+    run = Fast(device)
+    ledger = Ledger()
+    held = HeldParameters((run.opt,))
+    stamp = signals = 0.0
+    warm = 50
+    for n in range(warm + steps):
+        loss = run.model(torch.randn(64, 128, device=device)).pow(2).mean()
+        loss.backward()
+        a = time.perf_counter()
+        ledger.place(loss.grad_fn, n)
+        b = time.perf_counter()
+        run.opt.step()
+        run.opt.zero_grad()
+        c = time.perf_counter()
+        torch.autograd._get_sequence_nr()
+        held()
+        ledger.old(n - 3)
+        d = time.perf_counter()
+        if n >= warm:
+            stamp += b - a
+            signals += d - c
+    run.close()
+    return {"stamp_us": 1e6 * stamp / steps, "signals_us": 1e6 * signals / steps, "steps": steps}
+
+
 def measure(args: argparse.Namespace, say: Callable[[str], None]) -> list[dict[str, Any]]:
     entries = []
     for case, kind, run in _cases(args):
@@ -431,6 +465,15 @@ def markdown(doc: dict[str, Any]) -> str:
         f"Machine: {doc['machine_line']}\n\n"
         f"`{doc['settings']['command']}` ({doc['settings']['elapsed_s']} s)\n\n"
         f"{__doc__.split(chr(10) + chr(10), 1)[1]}\n{table}\n\n{checks}\n"
+        + (f"\n{_floor_text(doc['floor'])}\n" if "floor" in doc else "")
+    )
+
+
+def _floor_text(figures: dict[str, float]) -> str:
+    return (
+        f"The floor (the fast step, unwatched, {figures['steps']} steps): one stamp on a backward's root "
+        f"{figures['stamp_us']:.1f} us; the boundary's constant-time signals at their barest "
+        f"{figures['signals_us']:.1f} us."
     )
 
 
@@ -491,6 +534,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
     doc = {"device": args.device.upper(), "machine": facts, "machine_line": line, "settings": settings}
     doc["cases"] = entries
+    doc["floor"] = floor(torch.device(args.device), args.clean_steps)
+    print(_floor_text(doc["floor"]))
     print(_table.text(HEADER, [_row(e) for e in entries]))
     if args.json:
         write_json(args.json, doc)

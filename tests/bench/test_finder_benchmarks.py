@@ -63,6 +63,8 @@ def test_watch_benchmark_quick_run(tmp_path: Path) -> None:
         watched = cases[name]["watched"]
         assert watched["holders"] == [] and watched["audits"] >= 1, name
         assert len(watched["memory"]) == watched["steps"] == len(cases[name]["unwatched"]["memory"])
+    assert doc["floor"]["stamp_us"] > 0 and doc["floor"]["signals_us"] > 0  # the floor of the watch's own time
+    assert "The floor (the fast step, unwatched" in md
 
 
 @pytest.mark.parametrize("name", ["audit-cpu", "watch-cpu"])
