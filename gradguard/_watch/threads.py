@@ -9,6 +9,7 @@ log-probability a few nodes below the loss).
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 import weakref
 from collections.abc import Hashable, Sequence
@@ -113,7 +114,7 @@ class ThreadState:
         self.busy = False
         self.stamp = _Rate(STAMP_SHARE)  # when to stamp a backward's roots next
         self.deep = _Rate(DEEP_SHARE)  # when to stamp below them next
-        self.roots = _Roots()  # the tensors whose backward was stamped
+        self.roots: weakref.WeakSet[Any] = weakref.WeakSet()  # the tensors whose backward was stamped
         self.repairing: tuple[int, dict[str, int]] | None = None  # memory in use before repairs, their estimates
         self.refilling = False  # the last read of the holders repaired before repaired something
         self.revisit_cost = 0.0  # what the last read of the holders found before took
@@ -127,34 +128,6 @@ class ThreadState:
     def revisited(self, cost: float) -> None:
         self.revisit_cost = cost
         self.revisit_spent += cost
-
-
-class _Roots:
-    """The tensors a stamped backward started from, held weakly: looked up by ``id`` (a weak set makes a
-    weak reference at every lookup), dropped once dead when there are many."""
-
-    __slots__ = ("_prune_at", "_refs")
-
-    def __init__(self) -> None:
-        self._refs: dict[int, weakref.ref[Any]] = {}
-        self._prune_at = 64
-
-    def __contains__(self, tensor: Any) -> bool:
-        ref = self._refs.get(id(tensor))
-        return ref is not None and ref() is tensor
-
-    def __bool__(self) -> bool:
-        return bool(self._refs)
-
-    def add(self, tensor: Any) -> None:
-        """Remember ``tensor``; a tensor subclass without weak references is not remembered."""
-        try:
-            self._refs[id(tensor)] = weakref.ref(tensor)
-        except TypeError:
-            return
-        if len(self._refs) >= self._prune_at:
-            self._refs = {k: r for k, r in self._refs.items() if r() is not None}
-            self._prune_at = 2 * len(self._refs) + 64
 
 
 class _Rate:
@@ -180,10 +153,13 @@ def stamp_backward(state: ThreadState, roots: Sequence[Any], *, hunting: bool) -
     epoch = state.clock.boundaries
     ledger = state.ledger
     stamped = state.roots
-    if stamped:
-        for t in roots:
-            if t in stamped:
-                ledger.place(t.grad_fn, epoch, refresh=True)
+    for t in roots:
+        try:
+            again = t in stamped
+        except TypeError:  # a tensor subclass without weak references
+            again = False
+        if again:
+            ledger.place(t.grad_fn, epoch, refresh=True)
     always = hunting or epoch < STAMP_FIRST
     start = _clock()
     if not always and start < state.stamp.next:
@@ -193,7 +169,8 @@ def stamp_backward(state: ThreadState, roots: Sequence[Any], *, hunting: bool) -
         node = getattr(t, "grad_fn", None)
         if node is not None and ledger.place(node, epoch, refresh=True):
             nodes.append(node)
-            stamped.add(t)
+            with contextlib.suppress(TypeError):
+                stamped.add(t)
     middle = _clock()
     state.stamp.ran(start, middle)
     if nodes and (always or middle >= state.deep.next):

@@ -94,7 +94,6 @@ class Watcher:
         memory: bool | TriggerSettings | None = True,
     ) -> None:
         self.every: Every = parse_every(every)
-        self._hunting = self.every != "auto"
         self.mode: Mode | None = None if mode is None else normalize_mode(mode)
         self._ignore = check_ignore(ignore)  # a bad ignore is refused now; an iterable is read once
         self.ignore = ignore
@@ -135,11 +134,7 @@ class Watcher:
             handle.remove()
 
     def _on_backward(self, roots: Sequence[Any]) -> None:
-        try:
-            state: ThreadState = self._local.state
-        except AttributeError:
-            state = self._state()
-        stamp_backward(state, roots, hunting=self._hunting)
+        stamp_backward(self._state(), roots, hunting=self.every != "auto")
 
     # ---------------------------------------------------------------------------------------------
     # Boundaries
