@@ -202,10 +202,11 @@ class Watcher:
         if reason == "old" and self._revisit(state, boundary, source, optimizers, mode):
             reason = None  # every old graph was in a holder found before, and was acted on by name
             self._measure_repairs(state)
-        elif reason is None and mode == DETACH and self._recipes and (state.refilling or state.revisit_due(now)):
-            # A holder repaired before fills again: while it does, every boundary repairs what it took.
-            self._revisit(state, boundary, source, optimizers, mode, only_refill=not state.revisit_due(now))
-            self._measure_repairs(state)
+        elif reason is None and mode == DETACH and self._recipes:
+            due = state.revisit_due(now)
+            if due or state.refilling:  # a holder repaired before fills again: while it does, at every boundary
+                self._revisit(state, boundary, source, optimizers, mode, only_refill=not due)
+                self._measure_repairs(state)
         if reason is None:
             return None
         return self._run_audit(state, boundary, reason, source, optimizers, mode)
@@ -387,10 +388,7 @@ class Watcher:
             del liveness
             if all(alive):
                 continue
-            if state.repairing is None:
-                before = in_use()
-                if before is not None:
-                    state.repairing = (before, {})
+            _measuring(state)
             done = repair([path for _, path in pairs], tensors, alive)
             del pairs, tensors
             state.refilling = state.refilling or done.released > 0
@@ -485,11 +483,7 @@ class Watcher:
                 if _stats.claim_warning(STORE, leak.finding.key, "warn"):
                     _warn(warn_message(leak, ended), frame)
         elif mode == DETACH:
-            state = self._state()
-            if state.repairing is None:
-                before = in_use()
-                if before is not None:
-                    state.repairing = (before, {})
+            _measuring(self._state())
             for leak in leaks:
                 self._repair(leak, frame, ended)
         return report
@@ -749,6 +743,14 @@ class Watcher:
             f"memory ({what}) grew after the start-up check: {total}, which no autograd graph the audits found "
             "explains (a cache, a buffer, the allocator's own)"
         )
+
+
+def _measuring(state: ThreadState) -> None:
+    """Read the memory in use before the first repair since :meth:`Watcher._measure_repairs` last ran."""
+    if state.repairing is None:
+        before = in_use()
+        if before is not None:
+            state.repairing = (before, {})
 
 
 def _own_age(ledger: Ledger, model: set[Any], root: Any, others: set[Any]) -> int | None:
