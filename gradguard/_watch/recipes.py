@@ -88,7 +88,8 @@ class Recipe:
             return
         kind, key = self.steps[i]
         start = 0
-        if resume is not None and key is _WILD and not is_a(owner, dict):
+        incremental = resume is not None and key is _WILD and not is_a(owner, dict)
+        if incremental:
             length, first = self._resume.get(id(owner), (0, 0))
             start = first if _length(owner) >= length else 0
         first_graph: int | None = None
@@ -103,7 +104,7 @@ class Recipe:
             edges.pop()
             if first_graph is None and len(found) > before:
                 first_graph = edge.key
-        if resume is not None and key is _WILD and not is_a(owner, dict):
+        if incremental and resume is not None:
             length = _length(owner)
             resume[id(owner)] = (length, length if first_graph is None else first_graph)
 

@@ -40,7 +40,7 @@ from .criterion import Leak, ages, judge
 from .messages import named, raise_message, unrepaired_message, warn_message
 from .options import Every, parse_every, parse_memory
 from .recipes import Recipe
-from .repair import PARTLY, REPAIRED, repair
+from .repair import PARTLY, REPAIRED, Repair, repair
 from .schedule import Reason, Schedule
 from .summary import BOUNDED, HolderHistory, WatchFigures, render
 from .threads import Held, ThreadState, stamp_backward
@@ -391,16 +391,11 @@ class Watcher:
             _measuring(state)
             done = repair([path for _, path in pairs], tensors, alive)
             del pairs, tensors
-            state.refilling = state.refilling or done.released > 0
             with self._lock:
                 entry = self._history[recipe.key]
                 entry.repaired += done.released
-                per_tensor = (entry.pinned_bytes + entry.node_bytes) // max(1, entry.tensors)
-            if done.detached:
-                _stats.count_at(STORE, recipe.key, done.detached, done.released, entry.pinned_bytes)
-                if state.repairing is not None and done.released:
-                    estimates = state.repairing[1]
-                    estimates[recipe.key] = estimates.get(recipe.key, 0) + per_tensor * done.released
+                pinned, each = entry.pinned_bytes, (entry.pinned_bytes + entry.node_bytes) // max(1, entry.tensors)
+            _counted(state, recipe.key, done, pinned, each * done.released)
         return others
 
     def _settle(
@@ -503,14 +498,8 @@ class Watcher:
     def _repair(self, leak: Leak, frame: Any, ended: str = "") -> None:
         finding = leak.finding
         done = repair([finding.paths[i] for i in leak.leaking], [finding.tensors[i] for i in leak.leaking], leak.alive)
-        if done.detached:
-            retention = finding.retention
-            _stats.count_at(STORE, finding.key, done.detached, done.released, retention.pinned_bytes)
-            state = self._state()
-            state.refilling = state.refilling or done.released > 0  # read it again at the next boundary
-            repairing = state.repairing
-            if repairing is not None and done.released:
-                repairing[1][finding.key] = retention.pinned_bytes + retention.node_bytes
+        pinned, estimate = finding.retention.pinned_bytes, finding.retention.pinned_bytes + finding.retention.node_bytes
+        _counted(self._state(), finding.key, done, pinned, estimate)
         self._note([leak], done.outcome, repaired=done.released, why=done.why)
         if done.outcome != REPAIRED and _stats.claim_warning(STORE, finding.key, done.outcome):
             _warn(unrepaired_message(leak, done, ended), frame)
@@ -751,6 +740,19 @@ def _measuring(state: ThreadState) -> None:
         before = in_use()
         if before is not None:
             state.repairing = (before, {})
+
+
+def _counted(state: ThreadState, key: str, done: Repair, pinned: int, estimate: int) -> None:
+    """A repair of holder ``key`` counted in :func:`gradguard.stats`, its holder read again at the next
+    boundary, and ``estimate`` (the bytes it should give back) added to what the memory measured is
+    shared by."""
+    if not done.detached:
+        return
+    _stats.count_at(STORE, key, done.detached, done.released, pinned)
+    state.refilling = state.refilling or done.released > 0
+    if state.repairing is not None and done.released:
+        estimates = state.repairing[1]
+        estimates[key] = estimates.get(key, 0) + estimate
 
 
 def _own_age(ledger: Ledger, model: set[Any], root: Any, others: set[Any]) -> int | None:
