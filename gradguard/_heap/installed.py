@@ -1,4 +1,10 @@
-"""Where installed packages live, which one a module belongs to, and its installed version."""
+"""Where installed packages live, which one a module belongs to, its installed version, and the known
+leaks (:mod:`gradguard._heap.known_leaks`) an installed version has.
+
+An installed package lives in a ``site-packages`` directory, or in a folder on ``sys.path`` that holds
+its ``*.dist-info`` (``pip install --target``, a wheel unpacked there); a source tree installed
+editable is the program's, wherever its metadata is.
+"""
 
 from __future__ import annotations
 
@@ -9,20 +15,46 @@ import site
 import sys
 import sysconfig
 import types
+from collections.abc import Iterable
 
-__all__ = ["library_dirs", "library_of_module", "package_version", "program_frame"]
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from .known_leaks import KNOWN_LEAKS, KnownLeak
+
+__all__ = [
+    "installed_known_leaks",
+    "known_leak",
+    "library_dirs",
+    "library_of_module",
+    "package_version",
+    "program_frame",
+]
 
 
 @functools.lru_cache(maxsize=1)
 def library_dirs() -> tuple[str, ...]:
-    """The directories installed packages live in (``site-packages``), each ending with a separator."""
+    """The directories installed packages live in, each ending with a separator: the ``site-packages``
+    directories, and the folders on ``sys.path`` (as it is at the first call) that hold a ``*.dist-info``."""
     dirs = {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
     try:
         dirs.update(site.getsitepackages())
         dirs.add(site.getusersitepackages())
     except AttributeError:  # a virtualenv's old site module
         pass
+    dirs.update(d for d in sys.path if d and _holds_dist_info(d))
     return tuple(os.path.join(os.path.realpath(d), "") for d in dirs if d)
+
+
+def _holds_dist_info(folder: str) -> bool:
+    """Whether ``folder`` holds a ``*.dist-info`` directory: pip installed into it (``--target``).
+
+    An ``*.egg-info`` does not count: setuptools writes one into a source tree installed editable."""
+    try:
+        with os.scandir(folder) as entries:
+            return any(e.name.endswith(".dist-info") and e.is_dir() for e in entries)
+    except OSError:
+        return False
 
 
 @functools.lru_cache(maxsize=4096)
@@ -57,6 +89,53 @@ def package_version(label: str) -> str | None:
     except Exception:  # noqa: BLE001 - broken package metadata: no version to say
         return None
     return None
+
+
+def known_leak(label: str, version: str | None, shapes: Iterable[str], keys: Iterable[str]) -> KnownLeak | None:
+    """The known leak a holder matches, or ``None``.
+
+    Args:
+        label: The library that owns the holder, as :func:`library_of_module` names it (``"trl"``).
+        version: Its installed version (:func:`package_version`); ``None`` matches nothing.
+        shapes: What holds the graph in the library: the module-qualified classes of its objects along
+            the path, their bases included, and the functions whose locals it is
+            (``"transformers.trainer.Trainer.train"``).
+        keys: The attribute names, dict keys and local names along the path inside the library.
+
+    Returns:
+        The first entry for ``label`` whose affected versions hold ``version``, whose ``owner`` is one
+        of ``shapes`` and whose ``attribute`` (where it names one) is one of ``keys``.
+    """
+    if version is None:
+        return None
+    shapes, keys = set(shapes), set(keys)
+    for entry in KNOWN_LEAKS:
+        if entry.package != label or entry.owner not in shapes:
+            continue
+        if (entry.attribute is None or entry.attribute in keys) and _affected(entry, version):
+            return entry
+    return None
+
+
+def installed_known_leaks() -> list[tuple[KnownLeak, str]]:
+    """The known leaks of the packages installed here, each with the installed version that has it,
+    found by package metadata alone (nothing is imported)."""
+    found = []
+    for entry in KNOWN_LEAKS:
+        try:
+            version = importlib.metadata.version(entry.distribution)
+        except Exception:  # noqa: BLE001 - not installed, or broken metadata: nothing to say
+            continue
+        if _affected(entry, version):
+            found.append((entry, version))
+    return found
+
+
+def _affected(entry: KnownLeak, version: str) -> bool:
+    try:
+        return Version(version) in SpecifierSet(entry.affected)
+    except (InvalidSpecifier, InvalidVersion):
+        return False
 
 
 def program_frame(frame: types.FrameType | None) -> types.FrameType | None:

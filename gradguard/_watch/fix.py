@@ -1,24 +1,32 @@
-"""What to do about a holder: the fix an audit offers, only where the user can apply it.
+"""What to do about a holder: the fix an audit offers, in the user's terms, only where the user can apply it.
 
-A graph kept in the program's own state gets a guard (a list, dict or deque it can name, or
-``enforce(stores=...)`` for an argument), checked to release the graph, or the place to detach. One
-kept in an installed package's state (or torch's, or the standard library's) is not the program's
-to change: the fix names the package and its version, the program's object or line of code through
-which the value reached it, says that ``detach`` does not repair it, and ends with upgrading or
-reporting upstream. Whose state an object is: :mod:`gradguard._heap.ownership`.
+A graph kept in the program's own state: detach (``t.detach()`` or ``t.item()``) what is stored there,
+at the place that stores it; a list, dict or deque the program names (or ``enforce(stores=...)`` for
+an argument) is offered second, as the net: a guarded store detaches what it is given, and in ``raise``
+mode refuses it, so only the detach makes a ``--mode raise`` run pass. A graph kept in an installed
+package's state (or torch's, or the standard library's) is not the program's to change: the fix names
+the package and its version, the user's code that fed it (the object it was handed, the method of
+theirs it calls, or the call that led there) with the smallest change there, and, for a leak of the
+known-leak table (:mod:`gradguard._heap.known_leaks`), the release that fixed it; where nothing on the
+user's side carries the graph it says so. Whether a mode repairs the holder is the mode's warning's
+to say, not the fix's. Whose state an object is: :mod:`gradguard._heap.ownership`.
 """
 
 from __future__ import annotations
 
 import collections
+import inspect
+import os
+import sys
 import types
 
 import torch
 
 from .._errors import GradGuardError
-from .._heap.installed import package_version, program_frame
+from .._heap.installed import known_leak, library_dirs, library_of_module, package_version, program_frame
+from .._heap.known_leaks import KnownLeak
 from .._heap.ownership import Owner, path_owners
-from .._heap.paths import Path, frame_where, module_dict, reaches, read, spell_steps
+from .._heap.paths import Path, module_dict, reaches, read, spell_steps
 from .._tree.walk import detach_tree
 
 __all__ = ["fix"]
@@ -36,14 +44,15 @@ def fix(path: Path, tensor: torch.Tensor) -> str:
     """What to do about the holder at ``path`` (live edges) of ``tensor``, first that applies:
 
     * the graph is kept by an exception's traceback: clear it;
-    * it sits in a library's state (an installed package's, torch's, the standard library's): where
-      the value entered that state from the program, that ``detach`` does not repair it, and to upgrade
-      or report upstream;
-    * ``enforce(stores=...)`` when the store is an argument of the running function, and guarding
-      the nearest list, dict or deque the program owns and can name, that holds it as an item —
-      each only when guarding would release it (the item, detached as a guard detaches what is
-      stored, no longer reaches the tensor);
-    * else detaching it before it is stored there.
+    * it sits in a library's state (an installed package's, torch's, the standard library's): the
+      package and version, the user's code that fed it and the change there, the release that fixed
+      it where the known-leak table has it (see the module documentation);
+    * a tensor kept as a dict key or a set member: put a detached value there;
+    * else detaching it before it is stored (``t.detach()`` or ``t.item()``), followed, when the store
+      is an argument of the running function (``enforce(stores=...)``) or the nearest list, dict or
+      deque the program owns and can name holds it as an item, by that guard as the net — only when
+      guarding would release it (the item, detached as a guard detaches what is stored, no longer
+      reaches the tensor).
     """
     owners = path_owners(path)
     if any(edge.kind == "ref" and edge.key in ("__traceback__", "tb_frame") for edge in path):
@@ -57,6 +66,27 @@ def fix(path: Path, tensor: torch.Tensor) -> str:
             start = j + 1
     if start >= len(path):
         return _library_fix(path, owners)
+    for j in range(len(path) - 1, start - 1, -1):
+        kind = path[j].kind
+        if kind in ("key", "member"):
+            where = "the keys of" if kind == "key" else "the set"
+            return (
+                f"put a detached value (t.detach() or t.item()) in {where} {_spelled(path, start, j, owners) or 'it'}: "
+                "a tensor kept as a dict key or a set member keeps its graph"
+            )
+    if any(not o.program for o in owners[start:]):
+        return _library_fix(path, owners)
+    detach = f"detach before storing into {_spelled(path, start, len(path), owners)} ({_where(path, start)}): {_DETACH}"
+    net = _net(path, start, owners, tensor)
+    return f"{detach}; {net} is the net: {_NET}" if net else detach
+
+
+_DETACH = "t.detach() or t.item()"
+_NET = "it detaches what is stored and, in raise mode, refuses it"
+
+
+def _net(path: Path, start: int, owners: list[Owner], tensor: torch.Tensor) -> str | None:
+    """The guard that would release the holder (see :func:`fix`), or ``None``."""
     first = path[start]
     argument = start == 0 and first.kind == "local" and len(path) > 1 and _is_argument(first.owner, first.key)
     if argument and path[1].kind == "item" and _releases(path, 1, tensor):
@@ -70,46 +100,117 @@ def fix(path: Path, tensor: torch.Tensor) -> str:
         store = _STORES.get(type(reached[j]))
         named = all(e.kind in _NAMING or (e.kind == "item" and isinstance(e.key, str)) for e in path[start : j + 1])
         if store is not None and named and path[j + 1].kind == "item" and _releases(path, j + 1, tensor):
-            return f"{_spelled(path, start, j + 1, owners)} = gradguard.guard({store}) ({_where(path, start)})"
-    for j in range(len(path) - 1, start - 1, -1):
-        kind = path[j].kind
-        if kind in ("key", "member"):
-            where = "the keys of" if kind == "key" else "the set"
-            return (
-                f"put a detached value (t.detach() or t.item()) in {where} {_spelled(path, start, j, owners) or 'it'}: "
-                "a tensor kept as a dict key or a set member keeps its graph"
-            )
-    if any(not o.program for o in owners[start:]):
-        return _library_fix(path, owners)
-    return f"detach before storing into {_spelled(path, start, len(path), owners)} ({_where(path, start)})"
+            return f"{_spelled(path, start, j + 1, owners)} = gradguard.guard({store})"
+    return None
 
 
 def _library_fix(path: Path, owners: list[Owner]) -> str:
     """The fix for a graph in a library's state (see the module documentation)."""
     first = next(j for j, owner in enumerate(owners) if not owner.program)
     holder = next(owner for owner in reversed(owners) if not owner.program)
-    package = _package(holder.label or "")
-    entered = ""
+    version = package_version(holder.label) if holder.label else None
+    package = f"{holder.label} {version}" if version else holder.label or "a library"
+    steps = [f"{package} keeps it in {holder.what} (its state, not your program's)"]
+    known = _known(path, owners, holder, version)
+    if known is not None:
+        steps.append(_known_fix(known, path, first, owners))
+        return "; ".join(steps)
+    key = next((e.key for e in reversed(path[first:]) if e.kind == "item" and isinstance(e.key, str)), None)
+    handed = f" (here the value under {key!r})" if key is not None else ""
     if first > 0:  # the program's object that holds the library's: what it hands over ends up there
-        entered = f"it reached that state through your {_spelled(path, 0, first, owners)}"
+        steps.append(f"it reached that state through your {_spelled(path, 0, first, owners)}: "
+                     f"detach what you hand it ({_DETACH}){handed}")  # fmt: skip
     elif path[0].kind == "local":
         caller = program_frame(path[0].owner.f_back)
         if caller is not None:
-            entered = f"it reached that state from your call at {frame_where(caller)}"
-    key = next((e.key for e in reversed(path[first:]) if e.kind == "item" and isinstance(e.key, str)), None)
-    handed = f" (here the value under {key!r})" if key is not None else ""
-    steps = [f"{package} keeps it in {holder.what}, which gradguard does not repair (not the program's state)"]
-    if entered:
-        steps.append(f"{entered}: detach what you hand it (t.detach() or t.item()){handed}")
+            steps.append(
+                f"it got there during your call at {_frame_where(caller)}: where a method of yours it calls "
+                f"(a training_step, update or compute_loss) returns or passes the value, detach it there ({_DETACH})"
+            )
     if holder.label not in ("the standard library", None):
         steps.append(f"else upgrade {holder.label} or report it upstream")
     return "; ".join(steps)
 
 
-def _package(label: str) -> str:
-    """``transformers 3.1.0``: the library and its installed version, where one is known."""
-    version = package_version(label)
-    return f"{label} {version}" if version else label
+def _known(path: Path, owners: list[Owner], holder: Owner, version: str | None) -> KnownLeak | None:
+    """The known leak the holder at ``path`` matches (:func:`gradguard._heap.installed.known_leak`)."""
+    if holder.label is None:
+        return None
+    shapes: set[str] = set()
+    keys: set[str] = set()
+    for edge, owner in zip(path, owners):
+        if owner.label != holder.label:
+            continue
+        obj = edge.owner
+        if edge.kind == "local" and isinstance(obj, types.FrameType):
+            module = obj.f_globals.get("__name__")
+            shapes.add(f"{module}.{getattr(obj.f_code, 'co_qualname', obj.f_code.co_name)}")
+        else:
+            cls = obj if isinstance(obj, type) else type(obj)
+            shapes.update(f"{c.__module__}.{c.__qualname__}" for c in getattr(cls, "__mro__", ()))
+        if isinstance(edge.key, str):
+            keys.add(edge.key)
+    return known_leak(holder.label, version, shapes, keys)
+
+
+def _known_fix(known: KnownLeak, path: Path, first: int, owners: list[Owner]) -> str:
+    """A known leak's fix: the user's side first (where they have one), then the release to upgrade to."""
+    upgrade = f"a known leak, fixed in {known.distribution} {known.fixed}: upgrade ({known.reference})"
+    if known.remedy is None:
+        return f"nothing your code hands it carries the graph: {upgrade}"
+    where = ""
+    if known.hook is not None:
+        override = _override(known.hook)
+        if override is not None:
+            where = f"in your {override}, "
+    elif first > 0:
+        where = f"where you hand your {_spelled(path, 0, first, owners)} a value, "
+    return f"{where}{known.remedy}; or {upgrade}"
+
+
+def _override(hook: str) -> str | None:
+    """``Regressor.training_step (train.py:27)``: the program's override of the library method ``hook``
+    (``module.Class.method``), the one of the most derived class where several are; ``None`` when the
+    program overrides it nowhere (or the class is not imported)."""
+    module_name, _, rest = hook.rpartition(".")
+    module_name, _, class_name = module_name.rpartition(".")
+    module = sys.modules.get(module_name)
+    base = getattr(module, class_name, None)
+    if not isinstance(base, type):
+        return None
+    found = None
+    todo = list(base.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        method = cls.__dict__.get(rest)
+        module_of = cls.__module__ if isinstance(cls.__module__, str) else ""
+        if method is None or library_of_module(module_of) is not None:
+            continue
+        code = getattr(inspect.unwrap(method), "__code__", None)
+        if code is not None:
+            found = f"{cls.__qualname__}.{rest} ({_short(code.co_filename)}:{code.co_firstlineno})"
+    return found
+
+
+def _frame_where(frame: types.FrameType) -> str:
+    """``train.py:42 in main``, the file named as :func:`_short` names it."""
+    code = frame.f_code
+    return f"{_short(code.co_filename)}:{frame.f_lineno} in {getattr(code, 'co_qualname', code.co_name)}"
+
+
+def _short(filename: str) -> str:
+    """A file as a message names it, never by a path of this machine: an installed package's relative to
+    the folder it is installed in, another relative to the working directory when under it, else its name."""
+    real = os.path.realpath(filename)
+    site = next((d for d in library_dirs() if real.startswith(d)), None)
+    if site is not None:
+        return real[len(site) :]
+    try:
+        relative = os.path.relpath(filename)
+    except ValueError:  # another drive on Windows
+        return os.path.basename(filename)
+    return os.path.basename(filename) if relative.startswith(os.pardir) else relative
 
 
 def _spelled(path: Path, start: int, end: int, owners: list[Owner]) -> str:
@@ -154,7 +255,7 @@ def _where(path: Path, start: int) -> str:
         owner = edge.owner
         return f"in a {type(owner).__qualname__}"
     if edge.kind == "local":
-        return f"in {frame_where(edge.owner)}"
+        return f"in {_frame_where(edge.owner)}"
     if edge.kind == "cell":
         return f"closure of {edge.owner.__module__}:{edge.owner.__qualname__}"
     if edge.kind == "named":  # gradguard._heap.roots: "in actor Trainer"

@@ -1,6 +1,8 @@
 """A graph kept in an installed package's state: the fix names the package and its version, the program's
-object or call through which the value reached it, says that ``detach`` does not repair it, and ends with
-upgrading or reporting upstream; the watch leaves the package's objects as they are."""
+object or call through which the value reached it with the change there, and ends with upgrading or
+reporting upstream (or, for a leak of the known-leak table, the release that fixed it); the mode's
+warning, not the fix, says that ``detach`` leaves it alone, once; the watch leaves the package's
+objects as they are."""
 
 from __future__ import annotations
 
@@ -85,11 +87,12 @@ def test_a_packages_module_keeping_a_graph_is_named_with_its_version_and_left_al
                 opt.zero_grad()
         [entry] = [e for e in scope.watcher.history() if "METRICS" in e.holder]
         assert entry.outcome == "not repairable" and metric.total.grad_fn is not None  # not written
-        assert "fakelib 1.2.3 keeps it in fakelib.SumOfSquares, which gradguard does not repair" in entry.fix
+        assert "fakelib 1.2.3 keeps it in fakelib.SumOfSquares (its state, not your program's)" in entry.fix
         assert "it reached that state through your METRICS['mse']: detach what you hand it" in entry.fix
         assert entry.fix.endswith("else upgrade fakelib or report it upstream")
         [warning] = [str(w.message) for w in caught if "METRICS" in str(w.message)]
         assert "fakelib.SumOfSquares (fakelib's state, which gradguard never writes)" in warning
+        assert warning.count("repair") == 1 and warning.count("never writes") == 1  # said once
     finally:
         METRICS.clear()
 
@@ -102,8 +105,8 @@ def test_a_packages_frame_local_names_the_programs_call_that_led_there(fakelib: 
         fakelib.fit(model, opt, [torch.randn(3, 4) for _ in range(6)], kept)  # the call the fix points at
     message = str(caught.value)
     assert re.search(r"  fakelib/__init__\.py:\d+ in fit: tr_loss: ", message)  # the installed file, not from the cwd
-    assert "fakelib 1.2.3 keeps it in a local of fit, which gradguard does not repair" in message
-    assert "it reached that state from your call at tests/heap/test_library_holders.py:" in message
+    assert "fakelib 1.2.3 keeps it in a local of fit (its state, not your program's)" in message
+    assert "it got there during your call at tests/heap/test_library_holders.py:" in message
     assert "in test_a_packages_frame_local_names_the_programs_call_that_led_there" in message
 
 

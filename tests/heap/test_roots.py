@@ -47,7 +47,7 @@ def test_without_a_name_the_global_table_names_the_holder(trainer: Trainer) -> N
     assert _holders() == [
         (
             f"{__name__}:TABLE['actors'][*].losses[*]",
-            f"detach before storing into TABLE['actors'][1].losses[0] (in {__name__})",
+            f"detach before storing into TABLE['actors'][1].losses[0] (in {__name__}): t.detach() or t.item()",
         )
     ]
 
@@ -58,7 +58,10 @@ def test_a_named_root_is_preferred_and_spells_the_path_and_the_fix(trainer: Trai
     assert [(r.holder, r.path, r.kind, r.tensors) for r in report] == [
         ("actor Trainer: self.losses[*]", "actor Trainer: self.losses[0]", "named", 3)
     ]
-    assert report[0].fix == "self.losses = gradguard.guard([]) (in actor Trainer)"
+    assert report[0].fix == (
+        "detach before storing into self.losses[0] (in actor Trainer): t.detach() or t.item(); "
+        "self.losses = gradguard.guard([]) is the net: it detaches what is stored and, in raise mode, refuses it"
+    )
 
 
 def test_a_provider_is_asked_at_each_search_and_a_failing_one_names_nothing(trainer: Trainer) -> None:

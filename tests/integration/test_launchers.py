@@ -300,7 +300,11 @@ def test_a_ray_actor_in_a_local_cluster(tmp_path: Path, how: str) -> None:
     assert "[actor Trainer, pid " in run["err"] and "not set up in process" not in run["err"]
     (row,) = _rows(run["summary"], "holder")
     assert row[0].startswith("actor Trainer: self.losses[") and row[1] == "actor Trainer"
-    assert row[-2:] == ["raised", "self.losses = gradguard.guard([]) (in actor Trainer)"]
+    assert row[-2:] == [
+        "raised",
+        "detach before storing into self.losses[0] (in actor Trainer): t.detach() or t.item(); "
+        "self.losses = gradguard.guard([]) is the net: it detaches what is stored and, in raise mode, refuses it",
+    ]
     assert "ray._private" not in run["summary"]
     (actor,) = _trainers(run["reports"])
     assert actor["actor"] == "Trainer" and actor["label"] == "actor Trainer"

@@ -90,7 +90,8 @@ def test_raise_mode_fails_the_run_at_the_step_that_found_the_leak(tmp_path: Path
     summary = err[err.index("gradguard stats: no guarded store saw a record") :].splitlines()
     assert summary[1].startswith(f"gradguard watch: {run.stdout.count('stepping')} step boundar")
     assert _row("\n".join(summary), "__main__:HISTORY[*]['loss']")[-2:] == [
-        "raised", "HISTORY = gradguard.guard([]) (in __main__)"
+        "raised", "detach before storing into HISTORY[0]['loss'] (in __main__): t.detach() or t.item(); "
+        "HISTORY = gradguard.guard([]) is the net: it detaches what is stored and, in raise mode, refuses it"
     ]  # fmt: skip
 
 

@@ -133,7 +133,10 @@ def test_a_global_list_of_100_records_is_one_entry_with_100_tensors(monkeypatch:
     assert entry.path == "gg_leaky_global:HISTORY[0]['loss']"
     assert (entry.kind, entry.tensors, entry.grad_fn, entry.shape) == ("global", 100, "SumBackward0", ())
     assert (entry.dtype, entry.device) == (torch.float32, torch.device("cpu"))
-    assert entry.fix == "HISTORY = gradguard.guard([]) (in gg_leaky_global)"
+    assert entry.fix == (
+        "detach before storing into HISTORY[0]['loss'] (in gg_leaky_global): t.detach() or t.item(); "
+        "HISTORY = gradguard.guard([]) is the net: it detaches what is stored and, in raise mode, refuses it"
+    )
     assert entry.pinned_bytes == gradguard.pinned_bytes([r["loss"] for r in m.HISTORY]) > 0
 
 
@@ -145,7 +148,10 @@ def test_lightning_training_step_outputs_on_a_module(monkeypatch: pytest.MonkeyP
     assert entry.holder == "gg_leaky_lit:lit.training_step_outputs[*]"
     assert entry.path == "gg_leaky_lit:lit.training_step_outputs[0]"
     assert entry.tensors == 3
-    assert entry.fix == "lit.training_step_outputs = gradguard.guard([]) (in gg_leaky_lit)"
+    assert entry.fix == (
+        "detach before storing into lit.training_step_outputs[0] (in gg_leaky_lit): t.detach() or t.item(); "
+        "lit.training_step_outputs = gradguard.guard([]) is the net: it detaches what is stored and, in raise mode, refuses it"
+    )
 
 
 def test_hf_tr_loss_accumulated_by_plus_equals_in_a_frame_local() -> None:
@@ -176,10 +182,14 @@ def test_a_metrics_dict_that_is_a_named_argument_suggests_enforce_stores(monkeyp
     (entry,) = [e for e in report if e.holder.endswith("metrics['loss_sum']")]
     assert entry.holder == "<gg_leaky_trl> in Trainer.step: metrics['loss_sum']"
     assert entry.path.startswith("<gg_leaky_trl>:") and entry.path.endswith(" in Trainer.step: metrics['loss_sum']")
-    assert entry.fix == 'gradguard.enforce(stores={"gg_leaky_trl:Trainer.step": "metrics"})'
+    assert entry.fix.startswith("detach before storing into metrics['loss_sum'] (in <gg_leaky_trl>:")
+    assert entry.fix.endswith(
+        '; gradguard.enforce(stores={"gg_leaky_trl:Trainer.step": "metrics"}) is the net: it detaches what is stored and, in raise mode, refuses it'
+    )
     # once step() returned, the same dict is the test's own local
     (entry,) = [e for e in _entries(HERE) if e.holder.endswith("metrics['loss_sum']")]
-    assert entry.fix.startswith("metrics = gradguard.guard({}) (in tests/watch/test_audit.py:")
+    assert entry.fix.startswith("detach before storing into metrics['loss_sum'] (in tests/watch/test_audit.py:")
+    assert entry.fix.endswith("; metrics = gradguard.guard({}) is the net: it detaches what is stored and, in raise mode, refuses it")
 
 
 def test_a_trainer_metrics_attribute(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -188,7 +198,10 @@ def test_a_trainer_metrics_attribute(monkeypatch: pytest.MonkeyPatch) -> None:
     m.trainer.metrics["loss_sum"] = model(torch.randn(2, 4)).sum()  # trl #1526
     entry = _one("gg_leaky_attr:")
     assert (entry.path, entry.holder) == ("gg_leaky_attr:trainer.metrics['loss_sum']",) * 2
-    assert entry.fix == "trainer.metrics = gradguard.guard({}) (in gg_leaky_attr)"
+    assert entry.fix == (
+        "detach before storing into trainer.metrics['loss_sum'] (in gg_leaky_attr): t.detach() or t.item(); "
+        "trainer.metrics = gradguard.guard({}) is the net: it detaches what is stored and, in raise mode, refuses it"
+    )
 
 
 def test_a_module_attribute_deep_in_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,7 +213,7 @@ def test_a_module_attribute_deep_in_the_model(monkeypatch: pytest.MonkeyPatch) -
     assert entry.path == "gg_leaky_megatron:model.layers[0].attn.max_logits"
     assert entry.holder == "gg_leaky_megatron:model.layers[*].attn.max_logits"
     assert (entry.tensors, entry.grad_fn) == (3, "MaxBackward1")
-    assert entry.fix == "detach before storing into model.layers[0].attn.max_logits (in gg_leaky_megatron)"
+    assert entry.fix == "detach before storing into model.layers[0].attn.max_logits (in gg_leaky_megatron): t.detach() or t.item()"
 
 
 def _train_steps(model: nn.Module) -> Iterator[None]:
@@ -246,7 +259,10 @@ def test_a_class_attribute(monkeypatch: pytest.MonkeyPatch) -> None:
         "global",
     )
     assert (entry.tensors, entry.grad_fn, entry.shape) == (4, "AddmmBackward0", (2, 1))
-    assert entry.fix == "Cache.items = gradguard.guard([]) (in gg_leaky_class)"
+    assert entry.fix == (
+        "detach before storing into Cache.items[0] (in gg_leaky_class): t.detach() or t.item(); "
+        "Cache.items = gradguard.guard([]) is the net: it detaches what is stored and, in raise mode, refuses it"
+    )
 
 
 class Slotted:
@@ -568,7 +584,10 @@ def test_a_dict_keyed_by_step_is_one_entry(monkeypatch: pytest.MonkeyPatch) -> N
         "gg_leaky_steps:OUTPUTS[0]['loss']",
         5,
     )
-    assert entry.fix == "OUTPUTS = gradguard.guard({}) (in gg_leaky_steps)"
+    assert entry.fix == (
+        "detach before storing into OUTPUTS[0]['loss'] (in gg_leaky_steps): t.detach() or t.item(); "
+        "OUTPUTS = gradguard.guard({}) is the net: it detaches what is stored and, in raise mode, refuses it"
+    )
 
 
 def test_an_audit_from_a_debugger_prompt_keeps_the_debugged_frame_locals() -> None:

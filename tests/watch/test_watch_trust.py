@@ -618,8 +618,11 @@ def test_the_suggested_guard_fixes_the_leak() -> None:
         return scope.watcher
 
     [entry] = train([]).history()
-    assert entry.fix == f"HOLDERS['history'] = gradguard.guard([]) (in {__name__})"
-    assert train(gradguard.guard([])).history() == []  # applying it, the holder keeps nothing
+    assert entry.fix == (
+        f"detach before storing into HOLDERS['history'][0]['loss'] (in {__name__}): t.detach() or t.item(); "
+        "HOLDERS['history'] = gradguard.guard([]) is the net: it detaches what is stored and, in raise mode, refuses it"
+    )
+    assert train(gradguard.guard([])).history() == []  # applying the net, the holder keeps nothing
 
 
 # --------------------------------------------------------------------------------------------------
