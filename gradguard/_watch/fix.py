@@ -155,16 +155,16 @@ def _known(path: Path, owners: list[Owner], holder: Owner, version: str | None) 
 
 def _known_fix(known: KnownLeak, path: Path, first: int, owners: list[Owner]) -> str:
     """A known leak's fix: the user's side first (where they have one), then the release to upgrade to."""
-    upgrade = f"a known leak, fixed in {known.distribution} {known.fixed}: upgrade ({known.reference})"
+    upgrade = f"upgrade to {known.distribution} {known.fixed}, which fixed this known leak ({known.reference})"
     if known.remedy is None:
-        return f"nothing your code hands it carries the graph: {upgrade}"
+        return f"it computes that value itself, nothing in your code can detach it: {upgrade}"
     where = ""
     if known.hook is not None:
         override = _override(known.hook)
         if override is not None:
-            where = f"in your {override}, "
+            where = f"in your {override}: "
     elif first > 0:
-        where = f"where you hand your {_spelled(path, 0, first, owners)} a value, "
+        where = f"detach what reaches your {_spelled(path, 0, first, owners)}: "
     return f"{where}{known.remedy}; or {upgrade}"
 
 
