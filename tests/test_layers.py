@@ -12,7 +12,7 @@ from pathlib import Path
 import gradguard
 
 LAYERS: list[set[str]] = [
-    {"_errors"},  # every exception and warning
+    {"_errors", "_compat"},  # every exception and warning; the version facts (private torch and CPython internals)
     {"_tree", "_graph", "_heap"},  # the tree walk, graph inspection, who holds a tensor
     {"_policy"},  # modes, call site, stats, messages
     {"_boundary"},  # the publish boundary
@@ -177,8 +177,8 @@ def test_the_check_of_private_imports_sees_each_form() -> None:
 
 
 def test_the_folders_are_the_layers_parts() -> None:
-    """Only the public modules and the errors sit at the package's top; the rest is in a folder."""
+    """Only the public modules, the errors and the version facts sit at the package's top; the rest is in a folder."""
     top = sorted(p.name for p in ROOT.glob("*.py"))
-    assert top == ["__init__.py", "__main__.py", "_errors.py", "testing.py"]
+    assert top == ["__init__.py", "__main__.py", "_compat.py", "_errors.py", "testing.py"]
     folders = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    assert folders == set().union(*LAYERS) - {"_errors", "testing", "__init__", "__main__"}
+    assert folders == set().union(*LAYERS) - {"_errors", "_compat", "testing", "__init__", "__main__"}

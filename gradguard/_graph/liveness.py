@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 from torch.autograd.function import BackwardCFunction
 
+from .._compat import UNKNOWN, degraded, saved_tensor_parts
 from .nodes import saved_names
 
 __all__ = ["GraphState", "Liveness", "dead_node"]
@@ -37,9 +38,14 @@ _MAX_NESTING = 64  # held graphs inside held graphs (``totals.append(total)`` of
 
 
 def _hooked(value: Any) -> bool:
-    """Whether a raw saved tensor (or any of a list of them) has an unpack hook."""
+    """Whether a raw saved tensor (or any of a list of them) has, or may have, an unpack hook: a torch
+    that cannot tell (before 2.13) counts every one as hooked, and says so once."""
     saved = value if isinstance(value, (list, tuple)) else (value,)
-    return any(getattr(s, "unpack_hook", None) is not None for s in saved)
+    hooks = [saved_tensor_parts(s)[1] for s in saved if s is not None]
+    if any(h is UNKNOWN for h in hooks):
+        degraded("saved tensors")
+        return True
+    return any(h is not None for h in hooks)
 
 
 def _refused(read: Any) -> bool:

@@ -17,6 +17,7 @@ from torch import nn
 from torch._C import _functorch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from .._compat import UNKNOWN, degraded, saved_tensor_parts
 from .._tree.walk import iter_tensors
 from .nodes import is_parameter as _is_parameter
 from .nodes import nodes as _nodes
@@ -173,18 +174,35 @@ def _storage(t: torch.Tensor) -> tuple[Hashable, int] | None:
     return ((t.device, ptr), storage.nbytes()) if ptr else None
 
 
+def _unpacked(node: Any, raw_name: str) -> list[Any]:
+    """The tensors of ``node``'s raw accessor ``raw_name``, unpacked; none where torch refuses."""
+    name = "saved_tensors" if raw_name == "_raw_saved_tensors" else "_saved_" + raw_name[len("_raw_saved_") :]
+    try:
+        value = getattr(node, name)
+    except RuntimeError:  # freed, or modified in place since: what it held is not what it saves
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
 def _saved_data(node: Any) -> Iterator[Any]:
-    """What the node's saved tensors hold, read without unpacking; nothing on old torch builds."""
+    """What the node's saved tensors hold, read without unpacking. A torch that cannot show them
+    (before 2.13) yields nothing, and says so once (``gradguard._compat.degraded``)."""
     for name in saved_names(node):
         try:
             value = getattr(node, name)
         except RuntimeError:
             continue  # freed by backward
         for saved in value if isinstance(value, (list, tuple)) else (value,):
-            if not hasattr(saved, "unpack_hook"):
+            if saved is None:
                 continue
-            data = getattr(saved, "data", None)
-            if saved.unpack_hook is not None and isinstance(data, (list, tuple)):
+            data, unpack_hook = saved_tensor_parts(saved)
+            if data is UNKNOWN:  # before torch 2.13: unpacked only where no hook can run
+                if unpack_hook is UNKNOWN:
+                    degraded("saved tensors")
+                else:
+                    yield from _unpacked(node, name)
+                break
+            if unpack_hook is not None and isinstance(data, (list, tuple)):
                 yield from data  # a hook's packed form, e.g. save_on_cpu's (device, tensor)
             else:
                 yield data

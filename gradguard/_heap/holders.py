@@ -19,11 +19,12 @@ import gc
 import os
 import sys
 import types
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
+from .._compat import referrers, untraversable
 from .describe import describe
 from .frames import frame_locals
 from .installed import library_of_module
@@ -73,14 +74,24 @@ def running_thread(frame: Any) -> int | None:
         stacks = top = current = None  # type: ignore[assignment]  # this frame is on a stack: no cycle with it
 
 
-def _thread_frames() -> Iterator[types.FrameType]:
-    """Every frame of every thread, innermost first, gradguard's own excluded."""
-    for top in list(sys._current_frames().values()):
-        frame: types.FrameType | None = top
+def _thread_frames() -> list[types.FrameType]:
+    """Every frame of every thread, innermost first, gradguard's own excluded.
+
+    Nothing here outlives the call: the stack tops include this function's own frame, and a local
+    left pointing at it would be a cycle (the frame holds the local), keeping the frames and what
+    they hold alive until the cycle collector runs; 3.12 keeps such a frame where 3.11 freed it.
+    """
+    found: list[types.FrameType] = []
+    tops = list(sys._current_frames().values())
+    frame: types.FrameType | None = None
+    for frame in tops:
         while frame is not None:
             if not own_code(frame.f_code):
-                yield frame
+                found.append(frame)
             frame = frame.f_back
+    tops.clear()
+    frame = None
+    return found
 
 
 # --------------------------------------------------------------------------------------------------
@@ -160,6 +171,7 @@ class _Search:
             else:
                 self.module_of_dict.setdefault(id(namespace), module)
         self.excluded.add(id(gc.garbage))
+        self.excluded.update(untraversable())
         self.live_named = self.own_container(live_roots())  # held by the list while the search runs
         for obj, root in self.live_named:
             self.named_by_id[id(obj)] = root
@@ -327,8 +339,11 @@ class _Search:
         reference up in a set, at a cost that does not, is faster.
         """
         if len(frontier) < _SWEEP_FROM:
-            return gc.get_referrers(*frontier)
+            return referrers(frontier)
         objects = gc.get_objects()
+        skipped = untraversable()
+        if skipped:
+            objects = [o for o in objects if id(o) not in skipped]
         found: list[Any] = []
         referents, disjoint = gc.get_referents, frontier_ids.isdisjoint
         for start in range(0, len(objects), _SWEEP_CHUNK):
@@ -399,7 +414,7 @@ class _Search:
             owner = self.objects[parent]
             if parent in via or not is_a(owner, _SEQUENCES):
                 continue
-            for holder in gc.get_referrers(owner):  # one level more above it
+            for holder in referrers([owner]):  # one level more above it
                 if id(holder) in self.module_of_dict and id(holder) not in self.excluded:
                     self.kept_alive.append(owner)
                     return [holder, owner, *chain[1:]]

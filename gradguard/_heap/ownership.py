@@ -20,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from .installed import library_of_module
-from .paths import Path, class_dict, is_a, module_dict
+from .paths import Path, class_dict, frame_qualname, is_a, module_dict
 
 __all__ = ["Owner", "library", "path_owners"]
 
@@ -76,7 +76,7 @@ def path_owners(path: Path) -> list[Owner]:
             code = obj.f_code if is_a(obj, types.FrameType) else None
             module = obj.f_globals.get("__name__") if code is not None else None
             label = library_of_module(module) if isinstance(module, str) else None
-            current = Owner(label, f"a local of {getattr(code, 'co_qualname', getattr(code, 'co_name', '?'))}")
+            current = Owner(label, f"a local of {frame_qualname(obj) if code is not None else '?'}")
         elif edge.kind == "named":  # gradguard._heap.roots: an object of the program a framework holds
             current = Owner(None, obj.label)
         elif edge.kind == "cell":

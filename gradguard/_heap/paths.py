@@ -17,12 +17,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import _compat
+from .._compat import UNKNOWN, code_qualname, untraversable
 from .._errors import GradGuardError
 from . import installed
 from .frames import frame_locals
 
 __all__ = [
     "ROOT_KINDS",
+    "frame_qualname",
     "Edge",
     "Path",
     "frame_where",
@@ -163,8 +166,33 @@ def frame_where(frame: types.FrameType, *, line: bool = True) -> str:
                 filename = relative
         except ValueError:  # another drive on Windows
             pass
-    name = getattr(code, "co_qualname", code.co_name)
+    name = frame_qualname(frame)
     return f"{filename}:{frame.f_lineno} in {name}" if line else f"{filename} in {name}"
+
+
+def frame_qualname(frame: types.FrameType) -> str:
+    """The qualified name of the function ``frame`` runs (``Trainer.step``), on every Python.
+
+    Before 3.11 the code object has no ``co_qualname``: the frame's first argument (``self``, ``cls``),
+    read without writing anything (:func:`~gradguard._heap.frames.frame_locals`), and its globals
+    say where the function is defined (:func:`gradguard._compat.code_qualname`).
+
+    Args:
+        frame: A frame.
+
+    Returns:
+        The qualified name; the bare name where the function cannot be found without running code.
+    """
+    code = frame.f_code
+    if _compat.PYTHON_HAS_QUALNAME:
+        return code_qualname(code)
+    first: Any = UNKNOWN
+    if code.co_argcount:
+        for name, value in frame_locals(frame) or ():
+            if name == code.co_varnames[0]:
+                first = value
+            break
+    return code_qualname(code, first, frame.f_globals)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -357,7 +385,10 @@ def reaches(value: Any, target: Any) -> bool:
     of the objects runs). Tensors are not looked into: a detached tensor no longer holds its graph."""
     if value is target:
         return True
-    seen = {id(value)}
+    skipped = untraversable()
+    if id(value) in skipped:
+        return False
+    seen = {id(value), *skipped}
     stack = [value]
     while stack:
         obj = stack.pop()

@@ -7,7 +7,6 @@ counts frames, so adding a helper inside gradguard can never shift an attributio
 
 from __future__ import annotations
 
-import importlib.machinery
 import os
 import sys
 import types
@@ -16,6 +15,7 @@ from collections.abc import Callable
 
 import wrapt
 
+from .._compat import warning_module_globals
 from .._heap.installed import program_frame
 
 __all__ = ["caller", "location", "set_origin", "user_frame", "warn_at"]
@@ -104,13 +104,6 @@ def warn_at(message: str, category: type[Warning], frame: types.FrameType | None
         warnings.warn_explicit(message, category, "<unknown>", 0)
         return
     namespace = frame.f_globals
-    spec = namespace.get("__spec__")
-    # A module run as ``python -m pkg.mod`` is named ``__main__``, but its loader serves only
-    # ``pkg.mod``: given its globals, warn_explicit asks that loader for ``__main__``'s source and
-    # raises ImportError. Without them the line is read from the file, as for any script.
-    same = spec is None or getattr(spec, "name", None) == namespace.get("__name__")
-    # ``python -c``'s __main__ has the builtin importer as its loader, which refuses to give source.
-    same = same and namespace.get("__loader__") is not importlib.machinery.BuiltinImporter
     warnings.warn_explicit(
         message,
         category,
@@ -118,5 +111,5 @@ def warn_at(message: str, category: type[Warning], frame: types.FrameType | None
         frame.f_lineno,
         module=namespace.get("__name__"),
         registry=namespace.setdefault("__warningregistry__", {}),
-        module_globals=namespace if same else None,
+        module_globals=warning_module_globals(namespace),
     )

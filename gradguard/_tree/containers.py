@@ -37,6 +37,7 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 from torch.utils import _pytree
 
+from .._compat import is_namedtuple_class, is_structseq_class
 from .._errors import GradGuardError
 
 __all__ = [
@@ -275,7 +276,7 @@ def _deque_unflatten(children: list[Any], context: Any) -> Any:
 
 def _sequence_keys(obj: Any, context: Any) -> list[str]:
     n, names = context[0], context[1]
-    fields: tuple[str, ...] = getattr(context[2], "_fields", ()) if _pytree.is_namedtuple_class(context[2]) else ()
+    fields: tuple[str, ...] = getattr(context[2], "_fields", ()) if is_namedtuple_class(context[2]) else ()
     return [f".{f}" for f in fields[:n]] + [f"[{i}]" for i in range(len(fields), n)] + state_keys(names)
 
 
@@ -399,7 +400,7 @@ def _resolve(cls: type) -> Spec:
         return _dict_spec(cls)
     if issubclass(cls, list):
         return _LIST
-    if _pytree.is_structseq_class(cls):
+    if is_structseq_class(cls):
         return _STRUCTSEQ
     if issubclass(cls, tuple):
         return _TUPLE

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from .._compat import referrers, untraversable
 from .._heap.ownership import Owner, path_owners
 from .._heap.paths import Edge, Path, is_a, reaches, read, writable, write
 from .._tree.walk import map_tensors
@@ -152,7 +153,10 @@ def _shared(plans: list[tuple[Path, int]]) -> dict[int, str]:
     if not objects:
         return {}
     found: dict[int, str] = {}
-    for holder in gc.get_referrers(*objects):
+    skipped = untraversable()
+    for holder in referrers(objects):
+        if id(holder) in skipped:
+            continue
         if holder is objects or is_a(holder, Edge) or _is_path(holder) or _own_frame(holder):
             continue
         for held in gc.get_referents(holder):

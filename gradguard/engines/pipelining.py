@@ -12,10 +12,12 @@ modes too they are detached and counted, never warned about or refused; ``off`` 
 
 from __future__ import annotations
 
+import warnings
 from types import ModuleType
 from typing import Any
 
 from .._boundary.publish import publish, publish_many
+from .._errors import GradGuardWarning
 from .._guards import patch as _patch
 from .._policy.modes import DETACH, OFF, resolve
 from ._adapter import Adapter
@@ -71,14 +73,35 @@ class PipeliningAdapter(Adapter):
     supported = ">=2.13"
 
     def instrument(self, module: ModuleType) -> None:
-        """Patch the schedule classes of ``torch.distributed.pipelining.schedules`` (idempotent)."""
+        """Patch the schedule classes of ``torch.distributed.pipelining.schedules`` (idempotent).
+
+        Every method is looked up before any is patched: a torch whose schedules lack one (before
+        2.13 some do) gets a warning saying so and is left unpatched, never half patched.
+        """
+        missing = [
+            f"{cls_name}.{attr}"
+            for cls_name, attr in _TARGETS
+            if not callable(getattr(getattr(module, cls_name, None), attr, None))
+        ]
+        if missing:
+            warnings.warn(
+                f"gradguard: the {self.name} adapter supports torch{self.supported}; torch {self.version()} has no "
+                f"{', '.join(missing)} in {module.__name__}, so its schedules are not instrumented (the records "
+                "they keep are not detached). Upgrade torch, or guard the schedule's outputs yourself "
+                "(gradguard.guard, gradguard.detach_tree).",
+                GradGuardWarning,
+                stacklevel=2,
+            )
+            return
         for cls_name, attr in _TARGETS:
             _patch.install(getattr(module, cls_name), attr, _eval if attr == "eval" else _step)
 
     def uninstrument(self, module: ModuleType) -> None:
         """Restore the original methods."""
         for cls_name, attr in _TARGETS:
-            _patch.uninstall(getattr(module, cls_name), attr)
+            owner = getattr(module, cls_name, None)
+            if owner is not None:
+                _patch.uninstall(owner, attr)
 
 
 ADAPTER = PipeliningAdapter()
