@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="CPU: torch threads (default 1: steady timings on shared cores; 0 keeps torch's default)",
     )
 
-    sub.add_parser("doctor", help="what gradguard sees here: torch, CUDA, TE, engines, mode")
+    sub.add_parser("doctor", help="what gradguard sees here: torch, CUDA, TE, known leaks, engines, mode")
     sub.add_parser(
         "run",
         help="run a command (a script, -m module, torchrun, accelerate, ...) with enforce() and the step-boundary "

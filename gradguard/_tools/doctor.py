@@ -1,4 +1,5 @@
-"""``gradguard doctor``: what gradguard sees on this machine, and whether ``GRADGUARD`` is valid."""
+"""``gradguard doctor``: what gradguard sees on this machine (the installed packages with a known leak
+among them), and whether ``GRADGUARD`` is valid."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import torch
 
 from .. import __version__, engines
 from .._errors import GradGuardError
+from .._heap.installed import installed_known_leaks
+from .._heap.known_leaks import KNOWN_LEAKS
 from .._policy.modes import ENV_VAR, mode_source, reload_env
 
-__all__ = ["doctor", "te_import_error"]
+__all__ = ["doctor", "known_leak_lines", "te_import_error"]
 
 
 def te_import_error() -> str | None:
@@ -45,6 +48,24 @@ def _engine_status(adapter: engines.Adapter) -> str:
     return f"{adapter.package} {version} found, {fit} ({adapter.supported}); the adapter installs on import of {waits}"
 
 
+def known_leak_lines() -> list[str]:
+    """The installed packages that have a leak of gradguard's known-leak table, one line each, found
+    by package metadata (nothing is imported).
+
+    Returns:
+        ``known leak: torchmetrics 0.7.2 installed: <what keeps the graph>; fixed in 0.7.3: upgrade
+        (<reference>)`` per match, or one line saying that none of the table's packages has one.
+    """
+    found = installed_known_leaks()
+    if not found:
+        return [f"known leaks: none installed (gradguard's table lists {len(KNOWN_LEAKS)})"]
+    return [
+        f"known leak: {entry.distribution} {version} installed: {entry.what}; fixed in {entry.fixed}: upgrade "
+        f"({entry.reference})"
+        for entry, version in found
+    ]
+
+
 def doctor() -> int:
     """Print the report; return 1 when ``GRADGUARD`` holds an invalid value, else 0."""
     lines = [
@@ -56,6 +77,7 @@ def doctor() -> int:
     else:
         lines.append("CUDA: not available")
     lines.append(f"Transformer Engine: {_te_status()}")
+    lines.extend(known_leak_lines())
     for name in engines.KNOWN:
         lines.append(f"engine {name}: {_engine_status(engines.load(name))}")
     status = 0

@@ -150,7 +150,8 @@ def test_lightning_training_step_outputs_on_a_module(monkeypatch: pytest.MonkeyP
     assert entry.tensors == 3
     assert entry.fix == (
         "detach before storing into lit.training_step_outputs[0] (in gg_leaky_lit): t.detach() or t.item(); "
-        "lit.training_step_outputs = gradguard.guard([]) is the net: it detaches what is stored and, in raise mode, refuses it"
+        "lit.training_step_outputs = gradguard.guard([]) is the net: it detaches what is stored and, in raise mode, "
+        "refuses it"
     )
 
 
@@ -184,12 +185,15 @@ def test_a_metrics_dict_that_is_a_named_argument_suggests_enforce_stores(monkeyp
     assert entry.path.startswith("<gg_leaky_trl>:") and entry.path.endswith(" in Trainer.step: metrics['loss_sum']")
     assert entry.fix.startswith("detach before storing into metrics['loss_sum'] (in <gg_leaky_trl>:")
     assert entry.fix.endswith(
-        '; gradguard.enforce(stores={"gg_leaky_trl:Trainer.step": "metrics"}) is the net: it detaches what is stored and, in raise mode, refuses it'
+        '; gradguard.enforce(stores={"gg_leaky_trl:Trainer.step": "metrics"}) is the net: it detaches what is stored '
+        "and, in raise mode, refuses it"
     )
     # once step() returned, the same dict is the test's own local
     (entry,) = [e for e in _entries(HERE) if e.holder.endswith("metrics['loss_sum']")]
     assert entry.fix.startswith("detach before storing into metrics['loss_sum'] (in tests/watch/test_audit.py:")
-    assert entry.fix.endswith("; metrics = gradguard.guard({}) is the net: it detaches what is stored and, in raise mode, refuses it")
+    assert entry.fix.endswith(
+        "; metrics = gradguard.guard({}) is the net: it detaches what is stored and, in raise mode, refuses it"
+    )
 
 
 def test_a_trainer_metrics_attribute(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -213,7 +217,10 @@ def test_a_module_attribute_deep_in_the_model(monkeypatch: pytest.MonkeyPatch) -
     assert entry.path == "gg_leaky_megatron:model.layers[0].attn.max_logits"
     assert entry.holder == "gg_leaky_megatron:model.layers[*].attn.max_logits"
     assert (entry.tensors, entry.grad_fn) == (3, "MaxBackward1")
-    assert entry.fix == "detach before storing into model.layers[0].attn.max_logits (in gg_leaky_megatron): t.detach() or t.item()"
+    assert (
+        entry.fix
+        == "detach before storing into model.layers[0].attn.max_logits (in gg_leaky_megatron): t.detach() or t.item()"
+    )
 
 
 def _train_steps(model: nn.Module) -> Iterator[None]:
