@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import gradguard
+from gradguard import _compat
 from gradguard._guards import patch as _patch
 from gradguard._heap import roots as _roots
 from gradguard._policy import modes as _policy
@@ -40,6 +41,9 @@ def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     assert _policy.mode_source() == ("detach", "default"), "a previous test left a mode behind"
     hooks, providers, named = _optimizer_hooks(), list(_roots._providers), set(_roots._named)
     torch.manual_seed(0)  # the same draws whatever ran before in this process (xdist shares tests out)
+    # Before torch 2.13 a saved-tensor hook set by an earlier test would put every later one in the
+    # degraded mode (gradguard._compat): each test starts as a program that has set none.
+    monkeypatch.setattr(_compat, "_hooks_seen", False)
     yield
     leftover_installs = _enforce.installed()
     leftover_patches = _patch.installed() - patched

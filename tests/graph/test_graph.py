@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import checkpoint
 
-from gradguard import GraphRecord, detach_tree, find_graphs, pinned_bytes
+from gradguard import GraphRecord, _compat, detach_tree, find_graphs, pinned_bytes
 from gradguard._graph.reach import Unreached, unreached_params
 
 F32 = 4  # bytes per float32 element
@@ -242,6 +242,10 @@ def test_pinned_bytes_does_not_recompute_checkpoint() -> None:
     assert n_after == 2 * 16 * F32
 
 
+@pytest.mark.skipif(
+    not _compat.SAVED_TENSORS_READABLE,
+    reason="before torch 2.13 a hooked saved tensor is not measured (docs/support.md)",
+)
 def test_pinned_bytes_save_on_cpu() -> None:
     x = torch.randn(16, requires_grad=True)
     with torch.autograd.graph.save_on_cpu():
@@ -255,6 +259,10 @@ def test_pinned_bytes_save_on_cpu() -> None:
     assert torch.allclose(x.grad, x.detach().cos() * x.detach().sin().exp())
 
 
+@pytest.mark.skipif(
+    not _compat.SAVED_TENSORS_READABLE,
+    reason="before torch 2.13 a hooked saved tensor is not measured (docs/support.md)",
+)
 def test_pinned_bytes_saved_tensor_hooks_never_unpacked() -> None:
     unpacked = []
 

@@ -64,9 +64,7 @@ def test_an_audit_leaves_no_frame_of_its_own_alive() -> None:
         found = holders.find_paths([t])
         assert found[0] is not None
         del found
-        left = [
-            o for o in gc.get_objects() if type(o) is types.FrameType and o.f_code.co_filename == holders.__file__
-        ]
+        left = [o for o in gc.get_objects() if type(o) is types.FrameType and o.f_code.co_filename == holders.__file__]
         assert left == []
     finally:
         gc.enable()

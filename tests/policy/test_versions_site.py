@@ -74,5 +74,3 @@ def test_a_script_run_by_runpy_is_warned_not_crashed(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "done"
     assert "GraphRetentionWarning" in done.stderr
-
-

@@ -247,6 +247,10 @@ def test_engines_auto_installs_every_known_adapter() -> None:
 
 def test_engines_list_installs_only_those_and_restores_by_identity() -> None:
     schedules = importlib.import_module("torch.distributed.pipelining.schedules")
+    if not hasattr(schedules._PipelineSchedule, "eval"):
+        pytest.skip(
+            "this torch's schedules have no eval: the adapter patches nothing (tests/scope/test_versions_engines.py)"
+        )
     cls = schedules.PipelineScheduleSingle
     original = vars(cls)["step"]
     with gradguard.enforce(engines=["pipelining"]):

@@ -231,7 +231,10 @@ def mesh() -> Iterator[Any]:
 
 
 def test_dtensor(mesh: Any) -> None:
-    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    try:
+        from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    except ImportError:
+        pytest.skip("torch.distributed.tensor is public from torch 2.5")
 
     for placement in (Replicate(), Shard(0)):
         leaf = distribute_tensor(torch.randn(4, 6, requires_grad=True), mesh, [placement])

@@ -220,6 +220,9 @@ def test_pytree_context_tensors_are_detached_and_found() -> None:
         _pytree.SUPPORTED_NODES.pop(ACustomPytree)
 
 
+@pytest.mark.skipif(
+    not hasattr(_pytree, "register_dataclass"), reason="torch.utils._pytree.register_dataclass is from torch 2.5"
+)
 def test_a_pytree_registered_dataclass_keeps_its_init_false_field() -> None:
     """A dataclass registered with pytree's register_dataclass (which calls __init__) keeps init=False fields."""
 
