@@ -23,7 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._C import _functorch
 from torch.utils import _pytree
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ._errors import GradGuardWarning
 
@@ -34,7 +36,16 @@ __all__ = [
     "UNKNOWN",
     "code_qualname",
     "degraded",
+    "current_sequence_nr",
     "execution_engine",
+    "functorch_interpreter",
+    "functorch_unwrapped",
+    "is_traceable_wrapper_subclass",
+    "node_metadata",
+    "pytree_keystr",
+    "pytree_nodes",
+    "register_pytree_node",
+    "sequence_nr",
     "is_namedtuple_class",
     "is_structseq_class",
     "referrers",
@@ -170,6 +181,100 @@ def execution_engine() -> Any:
         The engine; its ``queue_callback(fn)`` runs ``fn`` when the running backward ends.
     """
     return torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
+
+
+def node_metadata(node: Any) -> dict[Any, Any] | None:
+    """An autograd node's ``metadata`` dict (checked on torch 2.4 to 2.14); ``None`` where it has none.
+
+    Args:
+        node: An autograd node (``tensor.grad_fn``).
+
+    Returns:
+        The node's own dict, or ``None`` where the node has no such dict.
+    """
+    try:
+        metadata = node.metadata
+    except (AttributeError, RuntimeError):
+        return None
+    return metadata if type(metadata) is dict else None
+
+
+def sequence_nr(node: Any) -> int | None:
+    """An autograd node's creation number in its thread (``node._sequence_nr()``, checked on torch 2.4 to 2.14).
+
+    Args:
+        node: An autograd node.
+
+    Returns:
+        The number, or ``None`` where the node has none.
+    """
+    read = getattr(node, "_sequence_nr", None)
+    return read() if callable(read) else None
+
+
+def current_sequence_nr() -> int:
+    """The number the next autograd node of this thread gets (``torch.autograd._get_sequence_nr``, checked
+    on torch 2.4 to 2.14).
+
+    Returns:
+        The number.
+    """
+    return int(torch.autograd._get_sequence_nr())  # type: ignore[attr-defined]
+
+
+def functorch_interpreter() -> Any:
+    """The innermost functorch transform running now (``vmap``, ``grad``), or ``None`` (checked on torch 2.4 to 2.14).
+
+    Returns:
+        torch's interpreter object, or ``None`` outside every transform.
+    """
+    return _functorch.peek_interpreter_stack()
+
+
+def functorch_unwrapped(t: torch.Tensor) -> torch.Tensor | None:
+    """The tensor a functorch wrapper (``vmap``'s batched tensor) wraps; ``None`` for any other tensor
+    (checked on torch 2.4 to 2.14).
+
+    Args:
+        t: A tensor.
+
+    Returns:
+        The wrapped tensor, or ``None``.
+    """
+    return _functorch.get_unwrapped(t) if _functorch.is_functorch_wrapped_tensor(t) else None
+
+
+def pytree_nodes() -> dict[type, Any]:
+    """The types registered with ``torch.utils._pytree`` and their node definitions (``flatten_fn``,
+    ``unflatten_fn``, ``flatten_with_keys_fn``: checked on torch 2.4 to 2.14).
+
+    Returns:
+        torch's own table, to be read only.
+    """
+    return _pytree.SUPPORTED_NODES
+
+
+def pytree_keystr(key: Any) -> str:
+    """The path segment torch spells for one pytree key (``['a']``, ``[0]``, ``.x``; checked on torch 2.4 to 2.14).
+
+    Args:
+        key: A key from a node's ``flatten_with_keys_fn``.
+
+    Returns:
+        The segment.
+    """
+    return str(_pytree.keystr((key,)))
+
+
+def register_pytree_node(cls: type, flatten: Callable[..., Any], unflatten: Callable[..., Any]) -> None:
+    """Register ``cls`` with ``torch.utils._pytree`` (checked on torch 2.4 to 2.14).
+
+    Args:
+        cls: The class.
+        flatten: ``obj -> (children, context)``.
+        unflatten: ``(children, context) -> obj``.
+    """
+    _pytree.register_pytree_node(cls, flatten, unflatten)
 
 
 # --------------------------------------------------------------------------------------------------

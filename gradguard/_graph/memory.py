@@ -14,10 +14,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._C import _functorch
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from .._compat import UNKNOWN, degraded, saved_tensor_parts
+from .._compat import UNKNOWN, degraded, functorch_unwrapped, is_traceable_wrapper_subclass, saved_tensor_parts
 from .._tree.walk import iter_tensors
 from .nodes import is_parameter as _is_parameter
 from .nodes import nodes as _nodes
@@ -147,8 +145,8 @@ def _memory(t: torch.Tensor, seen: set[int]) -> Iterator[tuple[Hashable, int]]:
     if is_traceable_wrapper_subclass(t):  # DTensor, jagged nested tensors, tensor-subclass quantizers
         names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
         parts: Iterable[Any] = [getattr(t, name) for name in names]
-    elif _functorch.is_functorch_wrapped_tensor(t):
-        parts = [_functorch.get_unwrapped(t)]
+    elif (unwrapped := functorch_unwrapped(t)) is not None:
+        parts = [unwrapped]
     elif t.layout in _SPARSE_PARTS:
         parts = [getattr(t, name)() for name in _SPARSE_PARTS[t.layout]]  # new objects: kept alive for `seen`
     else:

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._C import _functorch
 from torch.autograd.function import BackwardCFunction
 
+from .._compat import functorch_interpreter
 from .nodes import nodes as _nodes
 
 __all__ = ["Unreached", "active_transform", "unreached_params"]
@@ -27,7 +27,7 @@ __all__ = ["Unreached", "active_transform", "unreached_params"]
 def active_transform() -> str | None:
     """The innermost active ``torch.func`` transform (``"Grad"``, ``"Jvp"``, ``"Vmap"``,
     ``"Functionalize"``), or ``None`` in plain eager code."""
-    interpreter = _functorch.peek_interpreter_stack()
+    interpreter = functorch_interpreter()
     return None if interpreter is None else interpreter.key().name
 
 

@@ -26,6 +26,7 @@ import wrapt
 
 from .._boundary.offload import check_offload, to_host
 from .._boundary.publish import ToHost, publish, publish_many
+from .._compat import register_pytree_node
 from .._errors import GradGuardError
 from .._policy.modes import Mode, normalize_mode
 from .._tree.containers import Spec, register_internal, safe_repr
@@ -505,5 +506,5 @@ def _dict_base_of(store: Any) -> type:
 
 
 for _cls in _REAL.values():
-    torch.utils._pytree.register_pytree_node(_cls, _pytree_flatten, _pytree_unflatten)
+    register_pytree_node(_cls, _pytree_flatten, _pytree_unflatten)
 torch.serialization.add_safe_globals([_unguarded])

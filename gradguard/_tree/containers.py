@@ -35,9 +35,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import torch
-from torch.utils import _pytree
 
-from .._compat import is_namedtuple_class, is_structseq_class
+from .._compat import is_namedtuple_class, is_structseq_class, pytree_keystr, pytree_nodes
 from .._errors import GradGuardError
 
 __all__ = [
@@ -345,7 +344,7 @@ def _pytree_spec(cls: type, node: Any) -> Spec:
     def keys(obj: Any, n: Any) -> list[str]:
         if node.flatten_with_keys_fn is not None:
             pairs, _ = node.flatten_with_keys_fn(obj)
-            return [_pytree.keystr((key,)) for key, _ in pairs] + [".<pytree context>"]
+            return [pytree_keystr(key) for key, _ in pairs] + [".<pytree context>"]
         return [f"[{i}]" for i in range(n)] + [".<pytree context>"]
 
     return Spec(f"{cls.__qualname__} (pytree)", flatten, unflatten, keys)
@@ -412,7 +411,7 @@ def _resolve(cls: type) -> Spec:
         return _MAPPINGPROXY
     if dataclasses.is_dataclass(cls) or issubclass(cls, types.SimpleNamespace):
         return _STATE
-    node = _by_identity(_pytree.SUPPORTED_NODES, cls)
+    node = _by_identity(pytree_nodes(), cls)
     if node is not None:
         return _pytree_spec(cls, node)
     try:
