@@ -16,6 +16,13 @@ checks nothing).
 gradguard is measured as committed: the runner exports ``gradguard/`` at ``--at`` (default ``HEAD``)
 into a scratch folder that every run imports first, so edits in the working tree do not change a run
 half-way; the commit goes into the results. ``--at WORKTREE`` imports the working tree as it is.
+
+Each leak's *remedy* is the fix gradguard printed under the defaults, applied by the benchmark: the
+driver's change on the user's side (``runner``'s ``remedy`` way) must make ``--mode raise`` pass, with
+final weights bitwise those of the fixed release's plain run; where nothing on the user's side can fix
+it, the remedy is upgrading, checked by the fixed release's own ``raise`` run. ``--site FOLDER`` runs
+every release with this interpreter from ``FOLDER/<release>`` (``pip install --no-deps --target``, as
+``.ci/run`` makes them) instead of a virtual environment of its own. Results name no path of this machine.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from typing import Any  # noqa: E402
 
 from . import envs  # noqa: E402
 from .cases import CASES, Case, by_key  # noqa: E402
-from .runner import run_release  # noqa: E402
+from .runner import FIXED_WAYS, LEAKY_WAYS, portable, run_release, same_weights  # noqa: E402
 from .verdict import markdown, verdict  # noqa: E402
 
 __all__ = ["main", "measure"]
@@ -67,18 +74,39 @@ def snapshot(at: str, folder: Path) -> tuple[Path | None, str]:
     return folder, f"{commit[:12]} (gradguard/ last changed in {changed})"
 
 
-def measure(case: Case, steps: int | None, timeout: float, source: Path | None = None) -> dict[str, Any]:
-    """Both releases of ``case``, every way, with the verdicts."""
+def measure(
+    case: Case, steps: int | None, timeout: float, source: Path | None = None, site: Path | None = None
+) -> dict[str, Any]:
+    """Both releases of ``case``, every way, with the verdicts and the remedy's.
+
+    ``site``: a folder holding each release unpacked (``<site>/<release>``), run with this interpreter;
+    ``None``: each release in its own virtual environment (:func:`envs.ensure`).
+    """
     print(f"{case.key}: building or reusing the environments", flush=True)
     result: dict[str, Any] = {
         "case": case.key, "library": case.library, "holder_words": case.holder, "fixed_by": case.fixed_by,
-        "expect": case.expect,
+        "expect": case.expect, "remedy_by": case.remedy,
     }  # fmt: skip
+    weights = {}
     for side, release in (("leaky", case.leaky), ("fixed", case.fixed)):
-        python = envs.ensure(release)
         path = [source] if source is not None else []
-        result[side] = run_release(python, case, release, steps=steps, timeout=timeout, pythonpath=path)
+        if site is not None:
+            python, path = Path(sys.executable), [*path, site / release.name]
+        else:
+            python = envs.ensure(release)
+        ways = LEAKY_WAYS if side == "leaky" and case.remedy == "driver" else FIXED_WAYS
+        result[side] = run_release(python, case, release, steps=steps, timeout=timeout, pythonpath=path, ways=ways)
+        weights[side] = result[side].pop("weights")
         result[side]["verdict"] = verdict(case, result[side], leaky=side == "leaky")
+    if case.remedy == "driver":
+        applied = result["leaky"]["runs"]["remedy"]
+        same = same_weights(weights["leaky"].get("remedy"), weights["fixed"].get("plain"))
+    else:
+        applied, same = result["fixed"]["runs"]["raise"], None
+    result["remedy"] = {
+        "by": case.remedy, "exit": applied["returncode"], "holders": len(applied["holders"]),
+        "error": applied["error"], "weights_equal_fixed_plain": same,
+    }  # fmt: skip
     return result
 
 
@@ -90,12 +118,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="write the results as JSON here")
     parser.add_argument("--md", default=None, help="write the table as Markdown here")
     parser.add_argument("--at", default="HEAD", help="the gradguard commit to measure (default HEAD), or WORKTREE")
+    parser.add_argument("--site", default=None, help="a folder of releases unpacked with pip --target (see .ci/run)")
     args = parser.parse_args(argv)
     try:
         cases = [by_key(k.strip()) for k in args.cases.split(",") if k.strip()]
     except KeyError as exc:
         parser.error(str(exc.args[0]))
-    command = "python -m benchmarks.field " + shlex.join(list(argv if argv is not None else sys.argv[1:]))
+    given = list(argv if argv is not None else sys.argv[1:])
+    if args.site:  # the folder as the CI names it, not as this machine does
+        given = [
+            "$GRADGUARD_FIELD_SITE" if a == args.site else a.replace(args.site, "$GRADGUARD_FIELD_SITE") for a in given
+        ]
+    command = "python -m benchmarks.field " + " ".join(a if a.startswith("$") else shlex.quote(a) for a in given)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gradguard-field-src-") as folder:
         try:
@@ -108,10 +142,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gradguard._tools.bench.report import write_json
 
         with measuring() as (facts, line):
-            results = [measure(case, args.steps, args.timeout, source) for case in cases]
+            site = Path(args.site).resolve() if args.site else None
+            results = [measure(case, args.steps, args.timeout, source, site) for case in cases]
     elapsed = round(time.perf_counter() - start, 1)
-    settings = {"command": command.strip(), "steps": args.steps, "gradguard_commit": commit, "elapsed_s": elapsed}
-    doc = {"machine": facts, "machine_line": line, "settings": settings, "cases": results}
+    installed = "site" if args.site else "venv"  # where the releases came from: folders of one interpreter, or venvs
+    settings = {
+        "command": command.strip(), "steps": args.steps, "gradguard_commit": commit, "elapsed_s": elapsed,
+        "installed": installed,
+    }  # fmt: skip
+    site = Path(args.site).resolve() if args.site else None
+    releases = [site / r.name for c in cases for r in (c.leaky, c.fixed)] if site is not None else []
+    roots = [Path(folder), Path(folder).resolve(), *releases]
+    doc = portable({"machine": facts, "machine_line": line, "settings": settings, "cases": results}, roots)
     text = markdown(doc)
     print(text)
     if args.json:

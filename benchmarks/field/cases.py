@@ -33,7 +33,10 @@ class Case:
 
     ``holder`` says in words what keeps the graph in the leaky release (not what gradguard prints:
     that is measured), ``fixed_by`` what the fixing release changed, ``expect`` a fragment the holder
-    gradguard names must contain to count as the right one.
+    gradguard names must contain to count as the right one. ``remedy``: how the benchmark applies the
+    fix gradguard prints: ``"driver"``, the driver makes the change on the user's side
+    (``GRADGUARD_FIELD_REMEDY=1``) on the leaky release; ``"upgrade"``, nothing on the user's side
+    carries the graph and the fixed release is the remedy.
     """
 
     key: str
@@ -44,6 +47,7 @@ class Case:
     fixed_by: str
     expect: str
     steps: int = 24
+    remedy: str = "driver"
 
 
 _NUMPY = "numpy<2"
@@ -101,6 +105,7 @@ CASES: tuple[Case, ...] = (
         holder="`CPOTrainer` stores the `nll_loss` metric with its graph in `_stored_metrics`",
         fixed_by="the metric is detached before it is stored",
         expect="_stored_metrics",
+        remedy="upgrade",
     ),
     Case(
         key="transformers-trainer",
@@ -120,6 +125,7 @@ CASES: tuple[Case, ...] = (
         "graph in `output_lst` and returns them",
         fixed_by="the engine detaches what it records",
         expect="model_output",
+        remedy="upgrade",
     ),
     Case(
         key="lightning-epoch-end",

@@ -5,7 +5,10 @@
 * ``detach``: ``gradguard run --mode detach driver.py``, memory read after each optimizer step;
 * ``warn``: ``gradguard run --mode warn driver.py``, final weights saved (compared bitwise with plain's);
 * ``every1``: ``gradguard run --mode raise --audit-every 1 driver.py``, a diagnostic beside the
-  verdict: what the detector finds when every boundary is audited, apart from the default schedule.
+  verdict: what the detector finds when every boundary is audited, apart from the default schedule;
+* ``remedy``: ``gradguard run --mode raise driver.py`` with the change gradguard's fix names on the
+  user's side applied by the driver (``GRADGUARD_FIELD_REMEDY=1``), final weights saved: a leaky
+  release's only, for a case whose remedy is not just upgrading (``Case.remedy``).
 
 ``gradguard run`` announces where its reports go (a new folder under the temporary directory): the
 runner points ``TMPDIR`` at its own scratch folder, reads that line, and reads the reports there
@@ -23,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +34,40 @@ import torch
 
 from .cases import Case, Release
 
-__all__ = ["DRIVERS", "Run", "growth_per_step", "run_release", "run_way"]
+__all__ = ["DRIVERS", "Run", "growth_per_step", "portable", "run_release", "run_way"]
 
 DRIVERS = Path(__file__).resolve().parent / "drivers"
-WAYS = ("plain", "raise", "detach", "warn", "every1")
+WAYS = ("plain", "raise", "detach", "warn", "every1", "remedy")
+LEAKY_WAYS = WAYS
+FIXED_WAYS = WAYS[:-1]
 _ANNOUNCED = re.compile(r"gradguard run: each process's report goes to (\S+)")
 _RANK = r"(?:\[rank\d+\]: )?"  # torch.distributed prefixes a rank's uncaught traceback with this
 _ERROR = re.compile(rf"^{_RANK}gradguard\.GraphRetentionError: (.*(?:\n{_RANK}  .*)*)", re.MULTILINE)
 _RANK_PREFIX = re.compile(rf"^{_RANK}", re.MULTILINE)
 _WARNING = re.compile(r"GraphRetentionWarning: (.*)$", re.MULTILINE)
 _TAIL = 4000  # characters of each run's stderr kept in the results
+_SITE_PACKAGES = re.compile(r"\S*/site-packages/")
+_SCRATCH = re.compile(r"\S*/gradguard-field-[^/\s]+/")
+_SOURCE_DIR = re.compile(r"(?<![\w.+-])/(?:[\w.+-]+/)+(?=[\w.+-]+\.py\b)")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def portable(value: Any, roots: Sequence[Path] = ()) -> Any:
+    """``value`` (a string, or lists and dicts of them) with no path of this machine in it: a file in the
+    repository named from its root (``benchmarks/field/drivers/run_torchmetrics.py``), one under a
+    ``site-packages`` or under one of ``roots`` (a release's folder, gradguard's snapshot) from there
+    (``transformers/trainer.py``), a run's scratch folder as ``<scratch>/``, any other source file by its
+    name."""
+    if isinstance(value, dict):
+        return {k: portable(v, roots) for k, v in value.items()}
+    if isinstance(value, list):
+        return [portable(v, roots) for v in value]
+    if not isinstance(value, str):
+        return value
+    for root in sorted({str(REPO), *map(str, roots)}, key=len, reverse=True):
+        value = value.replace(root.rstrip("/") + "/", "")
+    value = _SCRATCH.sub("<scratch>/", value)
+    return _SOURCE_DIR.sub("", _SITE_PACKAGES.sub("", value))
 
 
 @dataclasses.dataclass
@@ -64,12 +92,15 @@ def driver_path(case: Case) -> Path:
     return DRIVERS / f"run_{case.key.replace('-', '_')}.py"
 
 
-def _environ(scratch: Path, out: Path, memory: bool, steps: int | None, pythonpath: list[Path]) -> dict[str, str]:
+def _environ(
+    scratch: Path, out: Path, memory: bool, steps: int | None, pythonpath: list[Path], remedy: bool = False
+) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRADGUARD")}
     env.update(
         TMPDIR=str(scratch), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
         HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", WANDB_MODE="disabled",
         GRADGUARD_FIELD_OUT=str(out), GRADGUARD_FIELD_MEMORY="1" if memory else "0",
+        GRADGUARD_FIELD_REMEDY="1" if remedy else "0",
     )  # fmt: skip
     env.pop("PYTHONPATH", None)
     if pythonpath:
@@ -114,10 +145,12 @@ def run_way(
     if way == "plain":
         command = [str(python), driver]
     else:
-        mode, audit_every = ("raise", "1") if way == "every1" else (way, audit_every)
+        mode, audit_every = ("raise", "1") if way == "every1" else ("raise" if way == "remedy" else way, audit_every)
         extra = ["--audit-every", audit_every] if audit_every is not None else []
         command = [str(python.parent / "gradguard"), "run", "--mode", mode, *extra, driver]
-    env = _environ(tmp, out, memory=way in ("plain", "detach"), steps=steps, pythonpath=pythonpath or [])
+    env = _environ(
+        tmp, out, memory=way in ("plain", "detach"), steps=steps, pythonpath=pythonpath or [], remedy=way == "remedy"
+    )
     start = time.perf_counter()
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=scratch)
@@ -209,7 +242,8 @@ def run_release(
     python: Path, case: Case, release: Release, *, steps: int | None = None, timeout: float = 600.0,
     ways: tuple[str, ...] = WAYS, log: Any = sys.stdout, pythonpath: list[Path] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Every way of one release, and the comparisons between them."""
+    """Every way of one release, and the comparisons between them; ``"weights"``: the final weights of the
+    ``plain`` and ``remedy`` runs (for comparisons across releases; not JSON: the caller drops them)."""
     runs: dict[str, Run] = {}
     with tempfile.TemporaryDirectory(prefix=f"gradguard-field-{release.name}-") as folder:
         for way in ways:
@@ -222,4 +256,5 @@ def run_release(
         "runs": {way: summarize(run) for way, run in runs.items()},
         "warn_weights_equal_plain": same_weights(plain.weights, warn.weights) if plain and warn else None,
         "detach_weights_equal_plain": same_weights(plain.weights, detach.weights) if plain and detach else None,
+        "weights": {way: runs[way].weights for way in ("plain", "remedy") if way in runs},
     }

@@ -14,6 +14,14 @@ _REFUSED = re.compile(r"reached store (.+?) from ")
 _SITE = re.compile(r"\S*/site-packages/")  # where the environment put a file: the same in every row
 
 
+_INSTALLED = {
+    "venv": "Each release in its own virtual environment (torch 2.13.0 CPU shared)",
+    "site": "Each release unpacked with `pip install --no-deps --target` (with what it imports that the project's "
+    "environment lacks) into its own folder of `$GRADGUARD_FIELD_SITE`, first on the driver's `PYTHONPATH` over the "
+    "project's environment (torch 2.13.0 CPU)",
+}
+
+
 def verdict(case: Case, result: dict[str, Any], *, leaky: bool) -> dict[str, Any]:
     """The verdict on one release from its runs (see ``runner.run_release``).
 
@@ -37,6 +45,7 @@ def verdict(case: Case, result: dict[str, Any], *, leaky: bool) -> dict[str, Any
         "found_at": holders[0]["found_at"] if holders else None,
         "steps_before_exit": strict["optimizer_steps"],
         "warn_weights_equal_plain": result["warn_weights_equal_plain"],
+        "fix": holders[0].get("fix") if holders else None,
     }
     hunt = runs.get("every1")
     if hunt is not None:
@@ -114,6 +123,23 @@ def _holder_cell(v: dict[str, Any]) -> str:
     return "`" + holder.replace("`", "'").replace("|", "\\|") + "`"
 
 
+def _remedy_cell(v: dict[str, Any]) -> str:
+    fix = v.get("fix")
+    if not fix:
+        return "–"
+    return "`" + fix.replace("`", "'").replace("|", "\\|") + "`"
+
+
+def _applied_cell(remedy: dict[str, Any] | None) -> str:
+    if remedy is None:
+        return "–"
+    passed = remedy["exit"] == 0 and not remedy["holders"] and not remedy["error"]
+    verdict = f"raise exit {remedy['exit']}" + (" ✓" if passed else " ✗")
+    if remedy["by"] == "upgrade":
+        return f"upgrade: the fixed release's {verdict}"
+    return f"applied: {verdict}; weights vs the fix's plain run: {_equal(remedy['weights_equal_fixed_plain'])}"
+
+
 def _equal(value: bool | None) -> str:
     return {True: "bitwise equal", False: "✗ differ", None: "–"}[value]
 
@@ -128,20 +154,29 @@ def markdown(doc: dict[str, Any]) -> str:
         f"`{doc['settings']['command']}` ({doc['settings']['elapsed_s']} s), gradguard at "
         f"{doc['settings']['gradguard_commit']}",
         "",
-        "Each release in its own virtual environment (torch 2.13.0 CPU shared), its driver (a tiny random model, "
+        f"{_INSTALLED[doc['settings'].get('installed', 'venv')]}, its driver (a tiny random model, "
         "random data, the library's documented API) run five ways: plain; `gradguard run --mode raise driver.py` with "
         "no other flag (the verdict, the holder, the boundary); `--mode detach` (memory); `--mode warn` (final "
         "weights compared bitwise with plain's); and, as a diagnostic beside the verdict, `--mode raise "
         "--audit-every 1` (what the detector finds when it audits every boundary). *Growth per step*: the "
         "least-squares slope of glibc's in-use bytes (`mallinfo2` `uordblks + hblkhd`) read right after each "
         "optimizer step, the first two steps left out; *in use*: the median of those readings (compare plain "
-        "with detach within a row, not across releases).",
+        "with detach within a row, not across releases). *Remedy*: the fix `--mode raise` printed for the holder "
+        "(the summary's `fix`), applied by the benchmark: the driver makes the change on the user's side "
+        "(`GRADGUARD_FIELD_REMEDY=1`) and runs under `gradguard run --mode raise` on the leaky release, its final "
+        "weights compared bitwise with the fixed release's plain run; where the fix is upgrading, the fixed "
+        "release's own `raise` run is the check.",
         "",
         "| library | release | `--mode raise` (defaults) | holder gradguard named | found at | with `--audit-every 1` "
-        "| growth / step plain | growth / step detach | in use plain → detach | warn vs plain weights |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| growth / step plain | growth / step detach | in use plain → detach | warn vs plain weights | remedy "
+        "| remedy applied |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    checks = {"leaks reported": 0, "right holder": 0, "fixes silent": 0, "fixes audited": 0, "weights equal": 0}
+    checks = {
+        "leaks reported": 0, "right holder": 0, "fixes silent": 0, "fixes audited": 0, "weights equal": 0,
+        "remedies pass raise": 0, "remedy weights equal the fix's": 0,
+    }  # fmt: skip
+    applied_by_driver = 0
     n_cases = len(doc["cases"])
     for result in doc["cases"]:
         for side in ("leaky", "fixed"):
@@ -153,18 +188,26 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"| {_verdict_cell(v, leaky)} | {_holder_cell(v)} | {_where(v)} | {_hunt_cell(v)} "
                 f"| {_bytes(plain['growth_bytes_per_step'])} | {_bytes(detach['growth_bytes_per_step'])} "
                 f"| {_size(plain['in_use_median_bytes'])} → {_size(detach['in_use_median_bytes'])} "
-                f"| {_equal(r['warn_weights_equal_plain'])} |"
+                f"| {_equal(r['warn_weights_equal_plain'])} "
+                f"| {_remedy_cell(v) if leaky else '–'} | {_applied_cell(result.get('remedy')) if leaky else '–'} |"
             )
             if leaky:
                 checks["leaks reported"] += bool(v["reported"])
                 checks["right holder"] += bool(v["right_holder"])
+                remedy = result.get("remedy")
+                if remedy is not None:
+                    checks["remedies pass raise"] += (
+                        remedy["exit"] == 0 and not remedy["holders"] and not remedy["error"]
+                    )
+                    applied_by_driver += remedy["by"] == "driver"
+                    checks["remedy weights equal the fix's"] += remedy["weights_equal_fixed_plain"] is True
             else:
                 checks["fixes silent"] += bool(v["silent"])
                 checks["fixes audited"] += bool(v["audits"])
             checks["weights equal"] += v["warn_weights_equal_plain"] is True
     lines += ["", "Checks:", ""]
     for name, count in checks.items():
-        total = 2 * n_cases if name == "weights equal" else n_cases
+        total = {"weights equal": 2 * n_cases, "remedy weights equal the fix's": applied_by_driver}.get(name, n_cases)
         lines.append(f"- {name}: {count} of {total} {'✓' if count == total else '✗'}")
     lines += [
         "",

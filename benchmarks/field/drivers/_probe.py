@@ -7,7 +7,8 @@ after each step: ``mallinfo2()``'s ``uordblks + hblkhd`` (the bytes of the chunk
 and not yet freed, mmapped ones included; CPU tensor storage comes from malloc). No garbage
 collection is forced: what is read is what the program holds. ``finish(model)`` saves the model's
 final ``state_dict``. Everything goes to ``GRADGUARD_FIELD_OUT`` (a folder) when it is set; without it
-the driver runs as a plain script.
+the driver runs as a plain script. ``REMEDY`` (``GRADGUARD_FIELD_REMEDY=1``): the driver applies the
+change gradguard's fix names on the user's side (the benchmark's ``remedy`` run), else it runs as written.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-__all__ = ["finish", "in_use_bytes", "install"]
+__all__ = ["REMEDY", "finish", "in_use_bytes", "install"]
 
 OUT = os.environ.get("GRADGUARD_FIELD_OUT")
 MEMORY = os.environ.get("GRADGUARD_FIELD_MEMORY") == "1"
+REMEDY = os.environ.get("GRADGUARD_FIELD_REMEDY") == "1"
 
 
 class _Mallinfo2(ctypes.Structure):

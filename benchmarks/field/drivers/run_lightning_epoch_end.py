@@ -4,7 +4,8 @@ On the 1.x releases the docs pair that with ``training_epoch_end(outputs)``, whi
 step's output at the end of the epoch: the loop keeps them until then (1.9.5 detaches ``loss`` and
 keeps the other keys with their graphs). 2.0 removed the hook (its replacement,
 ``on_train_epoch_end``, receives no outputs) and the loop keeps nothing; this driver takes
-``on_train_epoch_end`` there, the rest of the program unchanged.
+``on_train_epoch_end`` there, the rest of the program unchanged. The remedy gradguard names
+(``_probe.REMEDY``): ``training_step`` returns ``preds`` detached.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class Regressor(pl.LightningModule):
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
         x, y = batch
         preds = self.net(x)
-        return {"loss": torch.nn.functional.mse_loss(preds, y), "preds": preds}
+        return {"loss": torch.nn.functional.mse_loss(preds, y), "preds": preds.detach() if _probe.REMEDY else preds}
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)

@@ -4,7 +4,8 @@ The pattern ``reporting.report``'s documentation gives as the typical one: the m
 ``{"abs_error": ..., "squared_error": ...}`` from its forward with itself as the observer; the manager
 (models and optimizers registered, ``LogReport`` extended) runs each iteration in ``run_iteration()``.
 On 0.2.1 ``report`` copies the tensors with ``clone()`` (graph kept) and ``LogReport``'s summary sums
-them until its trigger (one epoch by default); 0.3.0 copies them with ``detach()``.
+them until its trigger (one epoch by default); 0.3.0 copies them with ``detach()``. The remedy gradguard
+names (``_probe.REMEDY``): report the values detached.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ class Regressor(torch.nn.Module):
         pred = self.predictor(x)
         abs_error = (pred - y).abs().sum() / len(x)
         loss = torch.nn.functional.mse_loss(pred, y)
-        ppe.reporting.report({"abs_error": abs_error, "squared_error": loss}, self)
+        reported = {"abs_error": abs_error, "squared_error": loss}
+        if _probe.REMEDY:
+            reported = {name: value.detach() for name, value in reported.items()}
+        ppe.reporting.report(reported, self)
         return loss
 
 

@@ -2,6 +2,7 @@
 
 The documented pattern: ``metric.update(preds, target)`` for each batch, ``metric.compute()`` at the
 end. On 0.7.2 ``update`` accumulates the state with the graph of ``preds``; 0.7.3 runs it without grad.
+The remedy gradguard names (``_probe.REMEDY``): ``update(preds.detach(), target)``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        mse.update(preds, y)
+        mse.update(preds.detach() if _probe.REMEDY else preds, y)
     print(f"train mse {mse.compute().item():.4f}")
     _probe.finish(model)
 

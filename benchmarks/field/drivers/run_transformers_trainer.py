@@ -3,6 +3,7 @@
 ``Trainer(model=..., args=TrainingArguments(...), train_dataset=...)`` then ``train()``, the data set a
 list of ``{"input_ids", "label"}`` features collated by the default collator. On 3.1.0 ``train()``
 adds each step's loss, graph included, to ``tr_loss``; 3.2.0's ``training_step`` returns it detached.
+The remedy gradguard names (``_probe.REMEDY``): a ``Trainer`` whose ``training_step`` returns the loss detached.
 """
 
 from __future__ import annotations
@@ -16,6 +17,17 @@ from transformers import BertConfig, BertForSequenceClassification, Trainer, Tra
 
 STEPS = int(os.environ.get("GRADGUARD_FIELD_STEPS", "24"))
 BATCH, SEQ, VOCAB = 8, 32, 100
+
+
+def detaching_trainer() -> type[Trainer]:
+    """The remedy: a ``Trainer`` whose ``training_step`` returns the loss detached (made only when applied:
+    gradguard names a program's override of ``training_step`` where one exists)."""
+
+    class DetachingTrainer(Trainer):
+        def training_step(self, model, inputs):  # type: ignore[no-untyped-def]
+            return super().training_step(model, inputs).detach()
+
+    return DetachingTrainer
 
 
 def main() -> None:
@@ -37,7 +49,8 @@ def main() -> None:
             output_dir=out, max_steps=STEPS, per_device_train_batch_size=BATCH, no_cuda=True, seed=0,
             disable_tqdm=True,
         )  # fmt: skip
-        Trainer(model=model, args=args, train_dataset=features).train()
+        trainer = detaching_trainer() if _probe.REMEDY else Trainer
+        trainer(model=model, args=args, train_dataset=features).train()
     _probe.finish(model)
 
 
