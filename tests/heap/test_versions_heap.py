@@ -81,8 +81,8 @@ ASYNCIO_SCRIPT = textwrap.dedent(
     it = iter(loop.create_future())  # its memory goes back to _asyncio's free list
     del it
     gc.collect()
-    kept = [torch.ones(2, requires_grad=True) * 2]
-    assert holders.find_paths(kept)[0] is not None
+    kept = [torch.ones(2, requires_grad=True) * 2 for _ in range(300)]  # a frontier this wide is swept
+    assert all(p is not None for p in holders.find_paths(kept))
     gc.get_referrers(kept[0])  # after a search that asked _asyncio for its referents, this never returns
     print("ok")
     """
