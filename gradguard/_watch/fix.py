@@ -26,7 +26,7 @@ from .._errors import GradGuardError
 from .._heap.installed import known_leak, library_dirs, library_of_module, package_version, program_frame
 from .._heap.known_leaks import KnownLeak
 from .._heap.ownership import Owner, path_owners
-from .._heap.paths import Path, module_dict, reaches, read, spell_steps
+from .._heap.paths import Path, frame_qualname, module_dict, reaches, read, spell_steps
 from .._tree.walk import detach_tree
 
 __all__ = ["fix"]
@@ -92,7 +92,7 @@ def _net(path: Path, start: int, owners: list[Owner], tensor: torch.Tensor) -> s
     if argument and path[1].kind == "item" and _releases(path, 1, tensor):
         frame = first.owner
         module = frame.f_globals.get("__name__")
-        qualname = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+        qualname = frame_qualname(frame)
         if isinstance(module, str) and "<" not in qualname:
             return f'gradguard.enforce(stores={{"{module}:{qualname}": "{first.key}"}})'
     reached = [e.owner for e in path[1:]]  # reached[j]: what edge j leads to (the last one: the tensor)
@@ -144,7 +144,7 @@ def _known(path: Path, owners: list[Owner], holder: Owner, version: str | None) 
         obj = edge.owner
         if edge.kind == "local" and isinstance(obj, types.FrameType):
             module = obj.f_globals.get("__name__")
-            shapes.add(f"{module}.{getattr(obj.f_code, 'co_qualname', obj.f_code.co_name)}")
+            shapes.add(f"{module}.{frame_qualname(obj)}")
         else:
             cls = obj if isinstance(obj, type) else type(obj)
             shapes.update(f"{c.__module__}.{c.__qualname__}" for c in getattr(cls, "__mro__", ()))
@@ -196,7 +196,7 @@ def _override(hook: str) -> str | None:
 def _frame_where(frame: types.FrameType) -> str:
     """``train.py:42 in main``, the file named as :func:`_short` names it."""
     code = frame.f_code
-    return f"{_short(code.co_filename)}:{frame.f_lineno} in {getattr(code, 'co_qualname', code.co_name)}"
+    return f"{_short(code.co_filename)}:{frame.f_lineno} in {frame_qualname(frame)}"
 
 
 def _short(filename: str) -> str:
