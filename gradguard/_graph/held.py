@@ -6,8 +6,9 @@ frees what it saved. ``Tensor._use_count()`` counts those references. At a step 
 backward, they are back at the level the program keeps (the optimizer, the model, a grad accumulator
 the current step's graph still uses); each forward kept with its graph, never backwarded (an eval
 forward without ``no_grad`` kept in a list), adds one per parameter it saved. :class:`HeldParameters`
-sums the count over a small sample of an optimizer's parameters, so a growing number of kept
-forwards shows without looking at the heap (``docs/how-it-works.md``). Parameters are held weakly.
+reads the counts of a few parameters at each boundary, in turn, and sums how far each moved since
+its previous reading, so a growing number of kept forwards shows without looking at the heap
+(``docs/how-it-works.md``), whichever parameters they saved. Parameters are held weakly.
 """
 
 from __future__ import annotations
@@ -21,17 +22,21 @@ import torch
 __all__ = ["SAMPLE", "HeldParameters"]
 
 SAMPLE = 4
-"""Parameters read per reading: spread over the optimizers' parameter lists, weights first."""
+"""Parameters read per reading, in turn: every parameter of the optimizers is read once every
+``ceil(parameters / SAMPLE)`` readings, weights (saved by the layers that use them) first."""
 
 _use_count = getattr(torch.Tensor, "_use_count", None)
 
 
 class HeldParameters:
-    """The summed reference count of a sample of the parameters of ``optimizers`` (see the module
-    documentation); :meth:`__call__` reads it, or returns ``None`` where it cannot be read (a torch
-    without ``Tensor._use_count``, or every sampled parameter gone)."""
+    """The references the program's graphs hold to the parameters of ``optimizers``, as a running level
+    (see the module documentation). Each call reads the next :data:`SAMPLE` parameters in turn and adds
+    to the level how much each one's count moved since that parameter's previous reading: a forward kept
+    with its graph raises the level when the turn of a parameter it saved comes. :meth:`__call__`
+    returns the level, or ``None`` where no count can be read (a torch without ``Tensor._use_count``,
+    every parameter gone)."""
 
-    __slots__ = ("_refs", "ids")
+    __slots__ = ("_last", "_next", "_refs", "level")
 
     def __init__(self, optimizers: Iterable[Any]) -> None:
         params: list[torch.Tensor] = []
@@ -42,33 +47,34 @@ class HeldParameters:
                     if isinstance(p, torch.Tensor) and id(p) not in seen:
                         seen.add(id(p))
                         params.append(p)
-        chosen = _sample(params)
-        self.ids = frozenset(id(p) for p in chosen)
-        """The ids of the parameters read."""
-        self._refs = [weakref.ref(p) for p in chosen]
+        params.sort(key=lambda p: p.dim() < 2)  # stable: weights first, in the optimizer's order
+        self._refs = [weakref.ref(p) for p in params]
+        self._last: list[int | None] = [None] * len(params)
+        self._next = 0
+        self.level = 0
+        """The running level: the sum of the moves read so far."""
 
     def __call__(self) -> int | None:
-        if _use_count is None or not self._refs:
+        refs = self._refs
+        if _use_count is None or not refs:
             return None
-        total = 0
+        n = len(refs)
+        start = self._next
+        self._next = (start + SAMPLE) % n
+        last = self._last
         read = False
-        for ref in self._refs:
-            p = ref()
+        for i in range(start, start + min(SAMPLE, n)):
+            i %= n
+            p = refs[i]()
             if p is None:
                 continue
             try:
-                total += _use_count(p)
+                count = _use_count(p)
             except (RuntimeError, TypeError):  # a tensor subclass without a TensorImpl of its own
                 continue
+            before = last[i]
+            if before is not None:
+                self.level += count - before
+            last[i] = count
             read = True
-        return total if read else None
-
-
-def _sample(params: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Up to :data:`SAMPLE` parameters evenly spread over ``params``, the last one included, weights
-    (two or more dimensions: saved by the layers that use them) before biases and norms' vectors."""
-    weights = [p for p in params if p.dim() >= 2] or params
-    if len(weights) <= SAMPLE:
-        return weights
-    step = (len(weights) - 1) / (SAMPLE - 1)
-    return [weights[round(i * step)] for i in range(SAMPLE)]
+        return self.level if read else None

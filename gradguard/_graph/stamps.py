@@ -1,38 +1,45 @@
-"""Stamps: a small object in an autograd node's ``metadata`` that lives exactly as long as the node.
+"""Stamps: a shared token in an autograd node's ``metadata`` that tells, in constant time, whether a graph
+of a given step is still alive.
 
 torch creates a node's ``metadata`` dict on first read and frees it with the node, so an object put
-there dies when the node dies, whatever holds the node (a list, a running sum's next node, C++ code).
-A :class:`Ledger` keeps a weak reference to each stamp it placed, by *epoch* (the step boundary count
-at which it was placed), and looks at an epoch's stamps once, when that epoch becomes old: whether a
-graph outlived its step is known without searching the heap for it (``docs/how-it-works.md``).
-A stamp holds its epoch and its node's key, nothing of the graph.
+there lives as long as the longest-lived node that holds it, whatever holds the node (a list, a
+running sum's next node, C++ code). A :class:`Ledger` puts *one* :class:`Stamp` object per step
+boundary count (the *epoch*) into every node it stamps at that epoch, and keeps one weak reference to
+it: "is a graph of epoch ``e`` still alive" is whether that reference is, however many nodes were
+stamped. A node stamped again when a later backward starts from it (or runs through it) gets the
+current epoch's *used* stamp; a node whose graph was judged gets its epoch's *explained* stamp, which
+is never counted. A stamp holds its epoch and the sequence numbers of its nodes, nothing of the graph.
+The design: ``docs/how-it-works.md`` (*Stamps*).
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["Ledger", "Stamp", "metadata_of", "node_key", "oldest_below"]
+__all__ = ["Ledger", "Stamp", "epochs_below", "metadata_of", "node_key", "oldest_below", "roots_of"]
 
 _serial = itertools.count(1)
 
 _NO_SEQUENCE = 2**64 - 1  # AccumulateGrad: one per leaf, alive as long as any graph uses the leaf
 
-Key = tuple[int, type]
+FRESH, USED, EXPLAINED = 0, 1, 2
+
+Key = int
 
 
 def node_key(node: Any) -> Key | None:
-    """``(sequence number, type)`` of a node made by a forward; ``None`` for a leaf's ``AccumulateGrad``
-    (it lives as long as any graph of its leaf, so it has no age of its own) and for what is not a node."""
+    """The sequence number of a node made by a forward; ``None`` for a leaf's ``AccumulateGrad`` (it lives
+    as long as any graph of its leaf, so it has no age of its own) and for what is not a node."""
     try:
         sequence = node._sequence_nr()
     except (AttributeError, RuntimeError, TypeError):
         return None
-    return None if sequence == _NO_SEQUENCE else (sequence, type(node))
+    return None if sequence == _NO_SEQUENCE else sequence
 
 
 def metadata_of(node: Any) -> dict[Any, Any] | None:
@@ -44,58 +51,118 @@ def metadata_of(node: Any) -> dict[Any, Any] | None:
     return metadata if type(metadata) is dict else None
 
 
+def roots_of(roots: Iterable[Any]) -> list[Any]:
+    """The graph nodes of a backward's roots: a tensor's ``grad_fn``, a ``GradientEdge``'s node."""
+    nodes = []
+    for root in roots:
+        node = getattr(root, "grad_fn", None)
+        if node is None:
+            node = getattr(root, "node", None)  # torch.autograd.graph.GradientEdge
+        if node is not None:
+            nodes.append(node)
+    return nodes
+
+
 class Stamp:
-    """One node's stamp in one ledger: its ``epoch``, its node's :func:`node_key`, whether the ledger
-    still counts it (a stamp whose graph was judged keeps its age but is no longer counted), and whether
-    a later backward started from its node again (``used``: its epoch is then that backward's)."""
+    """The stamp of one epoch and kind in one ledger, shared by every node stamped so.
 
-    __slots__ = ("__weakref__", "counted", "epoch", "key", "used")
+    Attributes:
+        epoch: The step boundary count it was placed at.
+        counted: Whether the ledger still counts it (a judged graph's nodes get an uncounted one).
+        used: Whether its nodes were stamped when a later backward started from them or ran through them.
+        sequences: The sequence numbers of the nodes it was put in (a filter: see :meth:`Ledger.keys`).
+    """
 
-    def __init__(self, epoch: int, key: Key) -> None:
+    __slots__ = ("__weakref__", "counted", "epoch", "sequences", "used")
+
+    def __init__(self, epoch: int, kind: int) -> None:
         self.epoch = epoch
-        self.key = key
-        self.counted = True
-        self.used = False
+        self.counted = kind != EXPLAINED
+        self.used = kind == USED
+        self.sequences: list[int] = []
 
     def __repr__(self) -> str:
-        return f"<gradguard stamp epoch={self.epoch}{'' if self.counted else ' explained'}>"
+        what = "explained" if not self.counted else "used" if self.used else "fresh"
+        return f"<gradguard stamp epoch={self.epoch} {what}>"
 
 
 class Ledger:
-    """The stamps one watcher placed in one thread, by epoch.
+    """The stamps one watcher placed for one thread's boundaries, by epoch.
 
-    :meth:`place` stamps a node (once; ``refresh=True`` moves an existing stamp to a later epoch: the
-    node was used again). :meth:`old` gives the earliest epoch up to a boundary that has a counted stamp
-    alive: each stamp is looked at once when its epoch becomes old, then only while it stays alive, so
-    it costs the same on any heap. :meth:`explain` stops counting a stamp whose node the caller judged.
-    Meant for one thread (its boundaries and the backwards it starts); :meth:`alive` may be read from
-    another. A node must be held by the caller while it is placed or explained.
+    :meth:`place` stamps a node (once; ``refresh=True`` moves it to a later epoch's *used* stamp);
+    :meth:`stamp_roots` is the same for a backward's roots, on the hot path. :meth:`old` gives the
+    earliest epoch up to a boundary whose counted stamp is alive, reading a weak reference per epoch
+    once it is old, then only the earliest one still alive: it costs the same on any heap and
+    whatever the number of nodes. :meth:`explain` stops counting a node whose graph was judged.
+    :meth:`settle` sets the horizon at or below which old stamps were looked at by an audit.
     """
 
-    __slots__ = ("_buckets", "_checked", "_lock", "_old", "key", "placed")
+    __slots__ = ("_buckets", "_checked", "_current", "_lock", "_old", "_settled", "_tokens", "horizon", "key", "placed")
 
     def __init__(self) -> None:
         self.key = f"gradguard.stamp.{next(_serial)}"
         """The key of this ledger's stamps in a node's ``metadata``."""
-        self._buckets: dict[int, list[weakref.ref[Stamp]]] = {}  # epoch -> the stamps placed there
-        self._old: list[weakref.ref[Stamp]] = []  # stamps of epochs up to _checked, alive when last looked at
+        self._tokens: dict[tuple[int, int], weakref.ref[Stamp]] = {}
+        self._buckets: dict[int, list[weakref.ref[Stamp]]] = {}  # epochs not old yet: their counted stamps
+        self._old: collections.deque[weakref.ref[Stamp]] = collections.deque()  # old, above the horizon
+        self._settled: list[weakref.ref[Stamp]] = []  # old, at or below the horizon
         self._checked = -1
+        self._current: Stamp | None = None  # the newest epoch's fresh stamp, kept while that epoch is young
         self._lock = threading.Lock()
+        self.horizon = -1
+        """Stamps of epochs up to here were looked at by an audit."""
         self.placed = 0
-        """Stamps placed so far."""
+        """Nodes stamped so far."""
 
-    def stamp(self, node: Any, keys: set[Key] | frozenset[Key] | None = None) -> Stamp | None:
-        """This ledger's stamp on ``node``, or ``None``; ``keys`` (:meth:`keys`), when given, spares
-        reading the ``metadata`` of nodes no stamp of this ledger can be on."""
-        if keys is not None and node_key(node) not in keys:
-            return None
-        metadata = metadata_of(node)
-        found = None if metadata is None else metadata.get(self.key)
-        return found if type(found) is Stamp else None
+    # --- placing ----------------------------------------------------------------------------------
+
+    def _token(self, epoch: int, kind: int) -> Stamp:
+        ref = self._tokens.get((epoch, kind))
+        token = None if ref is None else ref()
+        if token is None:
+            token = Stamp(epoch, kind)
+            ref = self._tokens[(epoch, kind)] = weakref.ref(token)
+            if token.counted:
+                if epoch > self._checked:
+                    self._buckets.setdefault(epoch, []).append(ref)
+                elif epoch > self.horizon:
+                    self._old.append(ref)
+                    if len(self._old) > 1 and _epoch(self._old[-2]) > epoch:
+                        self._old = collections.deque(sorted(self._old, key=_epoch))
+                else:
+                    self._settled.append(ref)
+            if len(self._tokens) > 256 and len(self._tokens) > 4 * (len(self._buckets) + len(self._old) + 16):
+                self._tokens = {k: r for k, r in self._tokens.items() if r() is not None}
+        return token
+
+    def stamp_roots(self, roots: Sequence[Any], epoch: int) -> list[Any]:
+        """A backward from ``roots`` (its nodes) starts at ``epoch``: a node with no stamp gets the epoch's,
+        one stamped at an earlier epoch gets the epoch's *used* one (its graph is in use again). Returns
+        the nodes stamped for the first time."""
+        token = self._current
+        if token is None or token.epoch != epoch:
+            token = self._current = self._token(epoch, FRESH)
+        key = self.key
+        new = []
+        for node in roots:
+            metadata = node.metadata
+            found = metadata.get(key)
+            if found is None:
+                sequence = node._sequence_nr()
+                metadata[key] = token
+                token.sequences.append(sequence)
+                new.append(node)
+            elif found.epoch < epoch:
+                used = self._token(epoch, USED)
+                metadata[key] = used
+                used.sequences.append(node._sequence_nr())
+        self.placed += len(new)
+        return new
 
     def place(self, node: Any, epoch: int, refresh: bool = False) -> bool:
-        """Stamp ``node`` at ``epoch``; ``True`` when a stamp was placed or moved. A leaf's
-        ``AccumulateGrad`` is never stamped."""
+        """Stamp ``node`` at ``epoch``; ``True`` when a stamp was placed or moved. ``refresh``: a node
+        stamped at an earlier epoch moves to this one's *used* stamp. A leaf's ``AccumulateGrad`` is never
+        stamped."""
         key = node_key(node)
         if key is None:
             return False
@@ -106,19 +173,33 @@ class Ledger:
         if type(found) is Stamp:
             if not refresh or found.epoch >= epoch:
                 return False
-            found.epoch, found.used = epoch, True
-            self._buckets.setdefault(epoch, []).append(weakref.ref(found))
-            return True
-        stamp = metadata[self.key] = Stamp(epoch, key)
-        self._buckets.setdefault(epoch, []).append(weakref.ref(stamp))
-        self.placed += 1
+            token = self._token(epoch, USED)
+        else:
+            token = self._token(epoch, FRESH)
+            self.placed += 1
+        metadata[self.key] = token
+        token.sequences.append(key)
         return True
 
     def explain(self, node: Any) -> None:
         """Stop counting ``node``'s stamp (its graph was judged); it keeps its epoch."""
-        found = self.stamp(node)
-        if found is not None:
-            found.counted = False
+        metadata = metadata_of(node)
+        found = None if metadata is None else metadata.get(self.key)
+        if type(found) is Stamp and found.counted:
+            token = self._token(found.epoch, EXPLAINED)
+            metadata[self.key] = token  # type: ignore[index]
+            token.sequences.append(node_key(node) or 0)
+
+    def stamp(self, node: Any, keys: set[Key] | frozenset[Key] | None = None) -> Stamp | None:
+        """This ledger's stamp on ``node``, or ``None``; ``keys`` (:meth:`keys`), when given, spares
+        reading the ``metadata`` of nodes no stamp of this ledger can be on (reading it makes one)."""
+        if keys is not None and node_key(node) not in keys:
+            return None
+        metadata = metadata_of(node)
+        found = None if metadata is None else metadata.get(self.key)
+        return found if type(found) is Stamp else None
+
+    # --- reading ----------------------------------------------------------------------------------
 
     def due(self, through: int) -> bool:
         """Whether :meth:`old` has anything to look at up to ``through`` (else it would say ``None``)."""
@@ -127,42 +208,72 @@ class Ledger:
         buckets = self._buckets
         return bool(buckets) and next(iter(buckets)) <= through
 
-    def old(self, through: int, after: int = -1) -> int | None:
-        """The earliest epoch in ``(after, through]`` that has a counted stamp alive, or ``None``."""
+    def old(self, through: int) -> int | None:
+        """The earliest epoch in ``(horizon, through]`` whose counted stamp is alive, or ``None``."""
         with self._lock:
             self._age(through)
-            if not self._old:
-                return None
-            epochs = [s.epoch for s in map(_deref, self._old) if s is not None and s.counted and after < s.epoch]
-        return min((e for e in epochs if e <= through), default=None)
+            old = self._old
+            while old:
+                token = old[0]()
+                if token is not None and token.counted:
+                    return token.epoch
+                old.popleft()
+            return None
+
+    def settle(self, horizon: int) -> None:
+        """Stamps of epochs up to ``horizon`` were looked at by an audit: :meth:`old` no longer asks about them."""
+        with self._lock:
+            if horizon < self.horizon:
+                back = [r for r in self._settled if (s := r()) is not None and s.epoch > horizon]
+                self._settled = [r for r in self._settled if (s := r()) is not None and s.epoch <= horizon]
+                self._old = collections.deque(sorted([*back, *self._old], key=_epoch))
+            while self._old and _epoch(self._old[0]) <= horizon:
+                ref = self._old.popleft()
+                if ref() is not None:
+                    self._settled.append(ref)
+            self.horizon = horizon
 
     def alive(self, through: int) -> int:
-        """How many counted stamps of epochs up to ``through`` are alive."""
+        """How many epochs up to ``through`` have a counted stamp alive (graphs of that many steps)."""
         with self._lock:
             self._age(through)
-            return sum(1 for s in map(_deref, self._old) if s is not None and s.counted and s.epoch <= through)
+            self._settled = [r for r in self._settled if (s := r()) is not None and s.counted]
+            return len({s.epoch for s in self._alive(self._settled, self._old) if s.epoch <= through})
 
     def keys(self) -> frozenset[Key]:
-        """The node keys of every stamp alive: a node whose key is not among them carries none."""
+        """The sequence numbers of every node a stamp alive was put in: a node whose number is not among
+        them carries none of this ledger's stamps."""
         with self._lock:
-            refs = [*self._old, *(r for bucket in self._buckets.values() for r in bucket)]
-        return frozenset(s.key for s in map(_deref, refs) if s is not None)
+            refs = [*self._tokens.values()]
+        found: set[int] = set()
+        for token in map(_deref, refs):
+            if token is not None:
+                found.update(token.sequences)
+        return frozenset(found)
+
+    def _alive(self, *groups: Iterable[weakref.ref[Stamp]]) -> list[Stamp]:
+        return [s for group in groups for s in map(_deref, group) if s is not None and s.counted]
 
     def _age(self, through: int) -> None:
-        """Move the stamps of the epochs up to ``through`` to the old ones (those alive and still of that
-        epoch: a stamp moved to a later epoch is looked at there), and forget the dead."""
-        for epoch in range(self._checked + 1, through + 1):
-            for ref in self._buckets.pop(epoch, ()):
-                stamp = ref()
-                if stamp is not None and stamp.epoch == epoch:
-                    self._old.append(ref)
-        self._checked = max(self._checked, through)
-        if self._old:
-            self._old = [r for r in self._old if (s := r()) is not None and s.epoch <= self._checked]
+        """Move the counted stamps of the epochs up to ``through`` to the old ones, forgetting the dead."""
+        if self._current is not None and self._current.epoch <= through:
+            self._current = None  # the ledger must not keep an old epoch's stamp alive
+        if through <= self._checked:
+            return
+        for epoch in sorted(e for e in self._buckets if e <= through):
+            for ref in self._buckets.pop(epoch):
+                if ref() is not None:
+                    (self._settled if epoch <= self.horizon else self._old).append(ref)
+        self._checked = through
 
 
 def _deref(ref: weakref.ref[Stamp]) -> Stamp | None:
     return ref()
+
+
+def _epoch(ref: weakref.ref[Stamp]) -> int:
+    token = ref()
+    return -1 if token is None else token.epoch
 
 
 def oldest_below(
@@ -172,17 +283,25 @@ def oldest_below(
     included); roots whose graph holds none are left out. The walk does not go into ``stop``'s nodes;
     ``collect``, when given, receives every node met that carries a stamp of ``ledger``. Each node is
     visited once for all the roots (the graphs are DAGs)."""
+    return {root: low for root, (low, _) in epochs_below(roots, ledger, stop, collect).items()}
+
+
+def epochs_below(
+    roots: Iterable[Any], ledger: Ledger, stop: set[Any] | None = None, collect: list[Any] | None = None
+) -> dict[Any, tuple[int, int]]:
+    """As :func:`oldest_below`, with the latest epoch of a stamp in each root's graph beside the earliest:
+    a graph whose stamps are of several epochs was built over several steps."""
     keys = ledger.keys()
-    memo: dict[Any, int | None] = {}
-    found: dict[Any, int] = {}
+    memo: dict[Any, tuple[int, int] | None] = {}
+    found: dict[Any, tuple[int, int]] = {}
     for root in roots:
         if root is None:
             continue
         if root not in memo:
             _walk(root, ledger, keys, memo, stop, collect)
-        epoch = memo[root]
-        if epoch is not None:
-            found[root] = epoch
+        epochs = memo[root]
+        if epochs is not None:
+            found[root] = epochs
     return found
 
 
@@ -190,11 +309,12 @@ def _walk(
     root: Any,
     ledger: Ledger,
     keys: frozenset[Key],
-    memo: dict[Any, int | None],
+    memo: dict[Any, tuple[int, int] | None],
     stop: set[Any] | None,
     collect: list[Any] | None,
 ) -> None:
-    """Post-order over ``root``'s graph, without recursion: ``memo[node]`` is the earliest epoch below."""
+    """Post-order over ``root``'s graph, without recursion: ``memo[node]`` is the earliest and the latest
+    epoch below."""
     stack: list[tuple[Any, bool]] = [(root, False)]
     while stack:
         node, expanded = stack.pop()
@@ -208,11 +328,12 @@ def _walk(
             stack.extend((child, False) for child, _ in node.next_functions if child is not None and child not in memo)
             continue
         own = ledger.stamp(node, keys)
-        best = None if own is None else own.epoch
+        low = high = None if own is None else own.epoch
         if own is not None and collect is not None:
             collect.append(node)
         for child, _ in node.next_functions:
-            epoch = memo.get(child) if child is not None else None
-            if epoch is not None and (best is None or epoch < best):
-                best = epoch
-        memo[node] = best
+            epochs = memo.get(child) if child is not None else None
+            if epochs is not None:
+                low = epochs[0] if low is None else min(low, epochs[0])
+                high = epochs[1] if high is None else max(high, epochs[1])
+        memo[node] = None if low is None or high is None else (low, high)

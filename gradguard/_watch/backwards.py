@@ -5,8 +5,8 @@ torch runs every backward through ``Variable._execution_engine.run_backward``: `
 autograd engine themselves (Megatron-core's ``custom_backward``). While a listener is registered,
 that attribute is a ``wrapt.ObjectProxy`` of the engine whose ``run_backward`` calls each listener
 with the root tensors, then the engine; everything else (``queue_callback``,
-``is_checkpoint_valid``) goes to the engine untouched. A listener's exception is swallowed: seeing a
-backward must never change it. When the last listener leaves, the engine object is put back exactly,
+``is_checkpoint_valid``) goes to the engine untouched. A listener's exception is swallowed (seeing a
+backward must never change it) and counted (:func:`failures`), for the watch's summary to say. When the last listener leaves, the engine object is put back exactly,
 unless someone else replaced the attribute since (then the proxy stays, passing every call through).
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import wrapt
 from torch.autograd.variable import Variable
 
-__all__ = ["Handle", "Listener", "listen", "listening"]
+__all__ = ["Handle", "Listener", "failures", "listen", "listening"]
 
 logger = logging.getLogger("gradguard")
 
@@ -30,6 +30,7 @@ Listener = Callable[[Sequence[Any]], None]
 _lock = threading.Lock()
 _listeners: tuple[Listener, ...] = ()  # replaced, never mutated: run_backward reads it without the lock
 _installed: _Engine | None = None
+_failures = 0  # listener calls that raised, in this process
 
 
 class _Engine(wrapt.ObjectProxy):  # type: ignore[misc]
@@ -43,7 +44,7 @@ class _Engine(wrapt.ObjectProxy):  # type: ignore[misc]
                 try:
                     listener(roots)
                 except Exception:  # noqa: BLE001 - the backward must run as if nothing looked
-                    logger.debug("gradguard: a backward listener failed", exc_info=True)
+                    _failed()
         return self.__wrapped__.run_backward(*args, **kwargs)
 
 
@@ -69,6 +70,17 @@ def listen(listener: Listener) -> Handle:
             _installed = engine if isinstance(engine, _Engine) else _Engine(engine)
             Variable._execution_engine = _installed  # type: ignore[assignment]
     return Handle(listener)
+
+
+def _failed() -> None:
+    global _failures
+    _failures += 1
+    logger.debug("gradguard: a backward listener failed", exc_info=True)
+
+
+def failures() -> int:
+    """How many listener calls raised so far in this process (each is counted, and logged at DEBUG)."""
+    return _failures
 
 
 def listening() -> int:

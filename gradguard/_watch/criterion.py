@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .._graph.liveness import Liveness
-from .._graph.stamps import Ledger, oldest_below
+from .._graph.stamps import Ledger, epochs_below
 from .._heap.paths import Path
 from .audit import Finding
 
@@ -38,22 +38,32 @@ class Clock:
     """One thread's step boundaries: their count (the *epoch* a stamp is placed at), and, per source
     (an optimizer, or direct :meth:`Watcher.boundary` calls), at which of them it stepped."""
 
-    __slots__ = ("boundaries", "sources")
+    __slots__ = ("audited", "boundaries", "sources")
 
     def __init__(self) -> None:
         self.boundaries = 0
+        self.audited = 0  # the boundary of the last audit
         self.sources: collections.OrderedDict[Hashable, collections.deque[int]] = collections.OrderedDict()
 
     def tick(self, source: Hashable) -> int:
         """A boundary of ``source``: its number in the thread, from 1."""
-        self.boundaries += 1
+        self.boundaries = boundaries = self.boundaries + 1
+        steps = self.sources.get(source)
+        if steps is None:
+            self.also(source)
+        else:
+            steps.append(boundaries)
+        return boundaries
+
+    def also(self, source: Hashable) -> None:
+        """``source`` stepped at the current boundary too (two optimizers over one backward)."""
         steps = self.sources.get(source)
         if steps is None:
             steps = self.sources[source] = collections.deque(maxlen=_KEPT)
             while len(self.sources) > 16:  # the optimizers seen first are forgotten first
                 self.sources.popitem(last=False)
-        steps.append(self.boundaries)
-        return self.boundaries
+        if not steps or steps[-1] != self.boundaries:
+            steps.append(self.boundaries)
 
     def survived(self, source: Hashable, epoch: int) -> int:
         """Boundaries of ``source`` a graph stamped at ``epoch`` has lived through, the current one not
@@ -67,27 +77,30 @@ class Clock:
 
 
 class Age(NamedTuple):
-    """A held graph's earliest stamp epoch, and whether that stamp is its root's own."""
+    """A held graph's earliest stamp epoch, whether that stamp is its root's own, and whether its graph holds
+    stamps of several epochs (it was built over several steps)."""
 
     born: int
     own: bool
+    mixed: bool = False
 
 
 def ages(tensors: Sequence[torch.Tensor], ledger: Ledger, model: set[Any] | None = None) -> dict[int, Age]:
     """For each tensor (by id) whose graph holds a stamp of ``ledger``, its :class:`Age`. The walks do not
     go into ``model``'s nodes (views of parameters: they live as long as the model, in every step's graph)."""
     roots = [t.grad_fn for t in tensors]
-    low = oldest_below(roots, ledger, stop=model)
+    epochs = epochs_below(roots, ledger, stop=model)
     found: dict[int, Age] = {}
     for t, root in zip(tensors, roots):
-        born = low.get(root)
-        if born is None:
+        span = epochs.get(root)
+        if span is None:
             continue
+        born = span[0]
         stamp = ledger.stamp(root)
         if stamp is not None and stamp.used:  # backwarded again since: the whole graph is in use now
             found[id(t)] = Age(stamp.epoch, True)
         else:
-            found[id(t)] = Age(born, stamp is not None and stamp.epoch == born)
+            found[id(t)] = Age(born, stamp is not None and stamp.epoch == born, span[1] > born)
     return found
 
 
@@ -138,6 +151,7 @@ def judge(
     own_age: Callable[[Any, set[Any]], int | None],
     liveness: Liveness,
     params: Callable[[], tuple[frozenset[int], frozenset[int]]] | None,
+    watched: Callable[[Any], bool] | None = None,
 ) -> Verdicts:
     """The leaking and the bounded holders among ``findings`` at the current boundary.
 
@@ -145,6 +159,10 @@ def judge(
     ``own_age(root, others)``: the earliest stamp epoch in ``root``'s graph not counting the graphs
     of ``others``. ``params`` gives the ids of the parameters the judging optimizer updates and of
     those every live optimizer updates (``None``: a boundary of no optimizer, which judges every graph).
+    ``watched(node)``: whether a graph that can still be backwarded was followed through a whole step
+    for a backward using it (else it is followed from now on, and not judged yet): a graph a later
+    backward runs through is as young as that backward, so one in use never becomes a leak. A graph
+    built over several steps (a chain each step extends) is judged at once: in use or not, it grows.
 
     A new tensor whose graph is old only through another old tensor the program holds (``loss =
     out + self.ema``, where ``self.ema`` keeps last step's graph) is that tensor's leak, not its
@@ -158,7 +176,8 @@ def judge(
     for finding in findings:
         kept: list[int] = []
         alive: list[bool] = []
-        most = 0
+        lives: list[int] = []
+        single: list[bool] = []  # one step's graph (not built over several)
         epochs: set[int] = set()
         for i, (tensor, path) in enumerate(zip(finding.tensors, finding.paths)):
             age = born_at.get(id(tensor))
@@ -184,14 +203,23 @@ def judge(
                     continue  # this optimizer does not train through it; another one does
             kept.append(i)
             alive.append(state.alive)
-            most = max(most, lived)
+            lives.append(lived)
+            single.append(not age.mixed)
         if not kept:
             continue
-        leak = Leak(finding, kept, most, alive)
-        if most >= 2 or (len(epochs) > 1 and _grows(finding)):
-            verdicts.leaks.append(leak)
+        if max(lives) >= 2 or (len(epochs) > 1 and _grows(finding)):
+            if watched is not None:
+                # A graph that can still be backwarded is judged once it was followed through a whole step
+                # for a backward using it (it is young again then); until then it is pending.
+                keep = [k for k, (i, a, one) in enumerate(zip(kept, alive, single))
+                        if not (a and one and not watched(finding.tensors[i].grad_fn))]  # fmt: skip
+                if len(keep) < len(kept):
+                    kept, alive, lives = [kept[k] for k in keep], [alive[k] for k in keep], [lives[k] for k in keep]
+                    if not kept or (max(lives) < 2 and len({*epochs}) < 2):
+                        continue
+            verdicts.leaks.append(Leak(finding, kept, max(lives), alive))
         elif not all(variable(finding.paths[i]) for i in kept):
-            verdicts.bounded.append(leak)
+            verdicts.bounded.append(Leak(finding, kept, max(lives), alive))
     return verdicts
 
 

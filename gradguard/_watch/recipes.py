@@ -1,13 +1,14 @@
-"""Where a repaired holder is, by name: read again at later audits without searching the heap.
+"""Where a leaking holder is, by name: read again at later boundaries without searching the heap.
 
-A holder the watch repaired is often filled again by the program (a list that keeps every step's
+A holder the watch found is often filled again by the program (a list that keeps every step's
 record, while the program leaks); searching the whole heap for it at every audit costs more than
-the step. A :class:`Recipe` remembers the holder's path by names only — the module and global it
-starts at, then attribute names and item keys, with ``*`` where the holder key has one (every item
-of a list, every value of a dict keyed by step) — and keeps no object alive. :meth:`Recipe.resolve`
-walks it again from the module, reading every object the way the audit does (no code of the
-program runs), and returns the tensors it reaches with their live paths. A path that starts at a
-frame's local or a closure is not remembered: frames come and go.
+the step. A :class:`Recipe` remembers the holder's path by names only — its root (a module and
+global, or a running function's local: the thread, the function's code and the local's name), then
+attribute names and item keys, with ``*`` where the holder key has one (every item of a list, every
+value of a dict keyed by step) — and keeps no object of the program alive. :meth:`Recipe.resolve`
+walks it again from the root (a local from the innermost frame of that thread running that code),
+reading every object the way the audit does (no code of the program runs), and returns the tensors it
+reaches with their live paths; nothing once the function returned. A closure is not remembered.
 
 Read with ``newer=True``, a list (or tuple, deque) under a wildcard is read from where its first
 graph was at the previous such read, when it has not become shorter since: a list the program
@@ -21,10 +22,12 @@ import collections
 import re
 import sys
 import types
+import weakref
 from typing import Any
 
 import torch
 
+from .._heap.holders import running_thread
 from .._heap.paths import Edge, Path, holder_key, is_a, module_dict, read, sequence_items
 
 __all__ = ["Recipe"]
@@ -35,44 +38,79 @@ _NAMED_STEPS = ("attr", "slot", "class", "item")
 
 
 class Recipe:
-    """A holder's path by names: ``module``, then ``(kind, key)`` steps (``key`` may be a wildcard)."""
+    """A holder's path by names: its root (``module``, or ``frame``: a thread's ident and a weak
+    reference to a function's code), then ``(kind, key)`` steps (``key`` may be a wildcard)."""
 
-    __slots__ = ("_resume", "key", "module", "steps")
+    __slots__ = ("_resume", "frame", "key", "module", "steps")
 
-    def __init__(self, key: str, module: str, steps: tuple[tuple[str, Any], ...]) -> None:
-        self.key, self.module, self.steps = key, module, steps
+    def __init__(
+        self,
+        key: str,
+        module: str,
+        steps: tuple[tuple[str, Any], ...],
+        frame: tuple[int, weakref.ref[types.CodeType]] | None = None,
+    ) -> None:
+        self.key, self.module, self.steps, self.frame = key, module, steps, frame
         # id(sequence) -> its length and where its first graph was, at the last newer read
         self._resume: dict[int, tuple[int, int]] = {}
+
+    @property
+    def local(self) -> bool:
+        """Whether the path starts at a running function's local."""
+        return self.frame is not None
 
     @classmethod
     def of(cls, path: Path) -> Recipe | None:
         """The recipe of ``path`` (root first, ending at a tensor), or ``None`` when it cannot be
-        walked again by names (a frame's local, a closure, a reference Python cannot name)."""
-        if not path or path[0].kind != "global":
+        walked again by names (a closure, a suspended generator's local, a reference Python cannot name)."""
+        if not path:
             return None
-        module = module_dict(path[0].owner).get("__name__")
-        if not isinstance(module, str) or sys.modules.get(module) is not path[0].owner:
+        frame: tuple[int, weakref.ref[types.CodeType]] | None = None
+        root = path[0]
+        if root.kind == "global":
+            module = module_dict(root.owner).get("__name__")
+            if not isinstance(module, str) or sys.modules.get(module) is not root.owner:
+                return None
+        elif root.kind == "local":
+            thread = running_thread(root.owner)
+            if thread is None:
+                return None
+            module, frame = "", (thread, weakref.ref(root.owner.f_code))
+        else:
             return None
-        steps: list[tuple[str, Any]] = [("global", path[0].key)]
+        steps: list[tuple[str, Any]] = [(root.kind, root.key)]
         for edge in path[1:]:
             if edge.kind not in _NAMED_STEPS:
                 return None
             steps.append((edge.kind, _WILD if _wild(edge) else edge.key))
-        return cls(holder_key(path), module, tuple(steps))
+        return cls(holder_key(path), module, tuple(steps), frame)
 
     def resolve(self, newer: bool = False) -> list[tuple[torch.Tensor, Path]]:
         """Every graph tensor the recipe reaches now, with its live path whose holder key is the
-        recipe's; nothing when a step is gone. ``newer``: sequences are read from where their first
-        graph was at the previous ``newer`` read (see the module documentation)."""
-        module = sys.modules.get(self.module)
-        if not is_a(module, types.ModuleType):
+        recipe's; nothing when a step is gone (or the function returned). ``newer``: sequences are read
+        from where their first graph was at the previous ``newer`` read (see the module documentation)."""
+        root = self._root()
+        if root is None:
             return []
         found: list[tuple[torch.Tensor, Path]] = []
         resume: dict[int, tuple[int, int]] | None = {} if newer else None
-        self._walk(module, 0, [], found, resume)
+        self._walk(root, 0, [], found, resume)
+        del root
         if resume is not None:
             self._resume = resume
         return [(t, p) for t, p in found if holder_key(p) == self.key]
+
+    def _root(self) -> Any:
+        """The module, or the innermost frame of the recipe's thread running its code; ``None`` when gone."""
+        if self.frame is None:
+            module = sys.modules.get(self.module)
+            return module if is_a(module, types.ModuleType) else None
+        thread, code_ref = self.frame
+        code = code_ref()
+        frame = sys._current_frames().get(thread)
+        while frame is not None and frame.f_code is not code:
+            frame = frame.f_back
+        return frame
 
     def _walk(
         self,

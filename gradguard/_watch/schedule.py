@@ -1,9 +1,10 @@
-"""When the watch audits: one thread's step boundaries, their signals, and what an audit may cost.
+"""When the watch audits: one thread's step boundaries, their signals, and the back-off of each signal.
 
 Pure logic: the caller reads the constant-time signals (the oldest stamp alive, the parameters'
-reference count), gives each boundary's time, and reports each audit's outcome; the memory figure is
-read here, through an injectable reader. The design: ``docs/how-it-works.md`` (*The watch*); what the
-schedule promises a user: ``docs/guide/finding-leaks.md``; each constant's reason: its docstring.
+reference count), gives each boundary's time, and reports what each audit found; the memory figure is
+read here, through an injectable reader, and what every piece of work may cost is the
+:class:`~gradguard._watch.governor.Governor`'s. The design: ``docs/how-it-works.md`` (*The watch*);
+what the schedule promises a user: ``docs/guide/finding-leaks.md``.
 """
 
 from __future__ import annotations
@@ -15,27 +16,26 @@ from collections.abc import Callable, Mapping
 from typing import Literal
 
 from .allocated import AllocatedReader
+from .governor import BACKSTOP_SHARE, Governor
 from .trigger import RESIDENT_FLOOR, Trigger, TriggerSettings
 
 __all__ = [
-    "BACKSTOP_SHARE",
-    "FIRST_COST",
+    "FREE",
     "HUNTING_BACKSTOP_SHARE",
     "HUNTING_FIRST",
-    "IDLE_SHARE",
     "OLD",
     "OLD_HUNTING",
     "READ_SHARE",
-    "REPEAT_SHARE",
     "STARTUP",
     "Reason",
     "Schedule",
 ]
 
-STARTUP = 1
-"""The start-up check: the first boundaries of a thread are audited whatever the signals say. The audit
-stamps every graph alive, so a graph kept from the first step, of any shape, is old, and judged, at the
-third boundary."""
+STARTUP = 2
+"""The start-up check: the first boundaries of a thread, and the first after each entry of a watch, are
+audited whatever the signals say. The first stamps every graph alive; the second, what the first step
+kept after its ``optimizer.step()``: a graph kept from the first step, of any shape, is judged within
+the next three boundaries."""
 
 OLD = 3
 """A stamp placed ``OLD`` or more boundaries before the current one, still alive, has lived through two:
@@ -45,17 +45,10 @@ OLD_HUNTING = 2
 """With ``every=N``, a stamp that lived through one boundary already asks for an audit: a list that
 keeps one record per step is a leak at its second record."""
 
-IDLE_SHARE = 0.001
-"""After the start-up check: the most of the thread's wall time that audits finding nothing new may take
-(audits a signal asked for, when the one before found nothing new either)."""
-
-REPEAT_SHARE = 0.01
-"""The most of the wall time that audits finding only leaks already reported may take (``warn`` or
-``detach`` while the program keeps leaking)."""
-
-BACKSTOP_SHARE = 0.0005
-"""The most of the wall time the backstop's audits may take, asked for by no signal: for graphs no
-signal sees (a record below a backward's root, an activation kept with no parameter saved)."""
+FREE = 1
+"""Audits a signal gets at once while they find nothing new; one that left graphs pending (a graph still
+usable for backward, followed from then on for a use) gets one follow-up at once too. After that, the
+signal's requests wait for a doubling gap and the governor's share."""
 
 HUNTING_BACKSTOP_SHARE = 0.1
 """With ``every=N``: the most of the wall time the audits of the backstop may take. Hunting spends time
@@ -67,17 +60,25 @@ HUNTING_FIRST = 3
 """With ``every=N``: how many times the start-up check's cost must go by before the backstop's first audit."""
 
 READ_SHARE = 0.0005
-"""The most of the wall time the memory readings may take."""
+"""The most of the wall time the memory readings may take (within the governor's share)."""
 
-FIRST_COST = 0.25
-"""Seconds an audit is assumed to take before the thread timed one: the backstop's first audit waits
-until :data:`BACKSTOP_SHARE` of the wall time affords that much."""
-
-_RETRY_CAP = 1024  # boundaries between two looks for old graphs no holder was found for, at most
+_GAP_CAP = 1024  # boundaries between two requests of a signal that keeps finding nothing new, at most
 _HELD = TriggerSettings(floor=1, fraction=0.0, window=64, boundaries=1, backoff=2.0)
 
 Every = int | Literal["auto"]
 Reason = Literal["start", "old", "held", "retry", "memory", "time"]
+_SIGNAL: dict[str, str] = {"old": "old", "retry": "old", "held": "held", "memory": "memory", "time": "time"}
+
+
+@dataclasses.dataclass
+class _Backoff:
+    """One signal's requests: how many audits for it in a row found nothing new, and when it may ask again."""
+
+    misses: int = 0
+    gap: int = 1
+    next_at: int = 0
+    cost: float = 0.0  # its last audit's
+    follow: bool = False  # the next request follows up on graphs the last audit left pending
 
 
 class Schedule:
@@ -90,6 +91,7 @@ class Schedule:
         memory: The memory trigger's settings, or ``None`` for no memory figure.
         reader: Builds the memory figure's reader (tests inject one).
         clock: The clock, in seconds (tests inject one).
+        governor: The watcher's account of its time (one per watcher; a new one by default).
     """
 
     def __init__(
@@ -98,23 +100,23 @@ class Schedule:
         memory: TriggerSettings | None,
         reader: Callable[[], AllocatedReader] | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        governor: Governor | None = None,
     ) -> None:
         self.every = every
         self.old = OLD if every == "auto" else OLD_HUNTING
         """How many boundaries back a stamp alive asks for an audit."""
+        self.governor = governor if governor is not None else Governor(clock)
         self.started: float | None = None
         self.spent = 0.0  # seconds all audits took
-        self.charged = 0.0  # of which after the start-up check, finding nothing new
-        self.repeated = 0.0  # of which finding only leaks already reported
         self.backstop = 0.0  # of which the backstop's
         self.backstops = 0  # the backstop's audits
         self.last_cost = 0.0  # of the last audit that read the whole heap
         self.first_cost = 0.0  # of the start-up check, whatever it read
-        self.old_streak = 0  # searches for old graphs in a row that left graphs the signal asks about again
-        self.repeating = False  # the last audit found only leaks already reported
         self.retry_at: int | None = None  # the boundary to look again for old graphs no holder was found for
-        self._gap = 1
+        self.startup = STARTUP  # boundaries up to which a boundary is a start-up check
+        self.declined = 0  # requests the back-off or the governor declined
         self.held = Trigger(_HELD)
+        self._signals = {name: _Backoff() for name in ("old", "held", "memory", "time")}
         self._clock = clock
         self._reader: AllocatedReader | None = None
         self._trigger: Trigger | None = None
@@ -126,6 +128,8 @@ class Schedule:
             self._reader, self._trigger = made, Trigger(memory)
         self._quiet_until = -math.inf  # before this time, a boundary with no signal asks for nothing
         self._retry_due: float = math.inf
+        self._boundary = 0
+        self._grown_at_audit = 0  # how far the memory figure had grown at the last audit it asked for
         self.readings: dict[str, int] = {}  # the last memory figure read
         self.first_readings: dict[str, int] = {}  # the first one after the start-up check
 
@@ -143,27 +147,35 @@ class Schedule:
         """Wall time this thread's memory readings took."""
         return 0.0 if self._reader is None else self._reader.seconds
 
+    def restart(self) -> None:
+        """A new entry of the watch: its next boundaries are a start-up check again, and every signal asks
+        at once again."""
+        self.startup = self._boundary + STARTUP
+        self._signals = {name: _Backoff() for name in self._signals}
+        self._quiet_until = -math.inf
+
     def boundary(self, now: float, boundary: int, old: int | None, held: Mapping[str, int] | None) -> Reason | None:
         """The thread's boundary number ``boundary`` (from 1), at ``now``: why to audit it, or ``None``.
 
         Args:
             now: The clock's time.
             boundary: The boundary's number in the thread, from 1.
-            old: The earliest epoch of a counted stamp alive newer than the last audit's horizon, or ``None``.
+            old: The earliest epoch of a counted stamp alive above the last audit's horizon, or ``None``.
             held: The sampled parameters' reference count by name, when it changed (else ``None``).
         """
+        self._boundary = boundary
         if self.started is None:
             self.started = now
-        elif old is None and not held and now < self._quiet_until and boundary < self._retry_due:
+            self.governor.start(now)
+        elif old is None and not held and now < self._quiet_until and self.startup < boundary < self._retry_due:
             return None  # the common boundary: no signal, nothing due on time (see _settle)
-        elapsed = now - self.started
         hunting = self.every != "auto"
-        if boundary > STARTUP and hunting and boundary % self.every:  # type: ignore[operator]
+        if boundary > self.startup and hunting and boundary % self.every:  # type: ignore[operator]
             return None
         asked = self.held.observe(held) if held else None
         grew = self._read_memory(boundary)
         reason: Reason | None = None
-        if boundary <= STARTUP:
+        if boundary <= self.startup:
             reason = "start"
         elif old is not None and old <= boundary - self.old:
             reason = "old"
@@ -173,21 +185,45 @@ class Schedule:
             reason = "retry"
         elif grew:
             reason = "memory"
-        if reason is not None and (reason in ("start", "retry") or hunting or self._affords(reason, elapsed)):
+        if reason is not None and (reason == "start" or hunting or self._affords(reason, boundary, now)):
             return reason
+        if reason is not None:
+            self.declined += 1
         if asked is not None:
             self.held.declined()
         if grew and self._trigger is not None:
             self._trigger.declined()
-        if hunting:
-            if not self.backstops and HUNTING_FIRST * self.first_cost <= elapsed:
-                return "time"
-            if self.backstops and self.backstop + self.last_cost <= HUNTING_BACKSTOP_SHARE * elapsed:
-                return "time"
-        elif self.charged + self.backstop + (self.last_cost or FIRST_COST) <= BACKSTOP_SHARE * elapsed:
+        if self._backstop(now, boundary):
             return "time"
         self._settle()
         return None
+
+    def _backstop(self, now: float, boundary: int) -> bool:
+        """Whether an audit no signal asked for is due: for graphs no signal sees (at doubling gaps while
+        they find nothing new, within the governor's share)."""
+        if self.started is None or boundary < self._signals["time"].next_at:
+            return False
+        elapsed = now - self.started
+        if self.every != "auto":
+            if not self.backstops:
+                return HUNTING_FIRST * self.first_cost <= elapsed
+            return self.backstop + self.last_cost <= HUNTING_BACKSTOP_SHARE * elapsed
+        return self.governor.affords(self.estimate(), now, BACKSTOP_SHARE)
+
+    def estimate(self) -> float:
+        """What the next audit of the whole heap is expected to cost: the last one's, else the start-up check's."""
+        return self.last_cost or self.first_cost
+
+    def _affords(self, reason: Reason, boundary: int, now: float) -> bool:
+        """Whether a signal's request runs now: at once while its audits find something new (or for the
+        first :data:`FREE` in a row that find nothing new), else once its doubling gap went by and the
+        governor's share allows."""
+        signal = self._signals[_SIGNAL[reason]]
+        if signal.misses < FREE or signal.follow:
+            return True
+        if reason == "memory" and self._grown() >= 2 * self._grown_at_audit:
+            return True  # it grew twice as far as at its last audit: a leak costs audits logarithmic in its growth
+        return boundary >= signal.next_at and self.governor.affords(signal.cost or self.estimate(), now)
 
     def _settle(self) -> None:
         """When the next boundary without a signal can be skipped at once: until the memory figure or the
@@ -195,9 +231,10 @@ class Schedule:
         if self.every != "auto":
             self._quiet_until, self._retry_due = -math.inf, 1 << 62
             return
-        if self.started is None:
+        if self.started is None or self.governor.started is None:
             return
-        backstop = self.started + (self.charged + self.backstop + (self.last_cost or FIRST_COST)) / BACKSTOP_SHARE
+        g = self.governor
+        backstop = g.started + (g.hot + g.spent + self.estimate()) / BACKSTOP_SHARE
         reading = self._reader.next_due() if self._reader is not None else math.inf
         self._quiet_until = min(backstop, reading)
         self._retry_due = math.inf if self.retry_at is None else self.retry_at
@@ -214,7 +251,7 @@ class Schedule:
         pending: bool = False,
         partial: bool = False,
     ) -> None:
-        """The audit of boundary ``boundary`` took ``cost`` seconds.
+        """The audit of boundary ``boundary`` took ``cost`` seconds (already charged to the governor).
 
         Args:
             cost: Its wall time.
@@ -232,26 +269,20 @@ class Schedule:
         self.spent += cost
         self.backstops += reason == "time"
         if reason == "start":
-            self.first_cost = cost
-        elif new:
-            self.old_streak = 0
-        elif found:
-            self.repeated += cost
+            self.first_cost = max(self.first_cost, cost)
         elif reason == "time":
             self.backstop += cost
-        else:
-            self.charged += cost
         if not partial:
             self.last_cost = cost
-        if reason == "old" and not new:
-            # Only a search that leaves graphs the signal asks about again repeats itself.
-            self.old_streak = self.old_streak + 1 if pending else 0
-        self.repeating = found and not new
+        if reason in _SIGNAL:
+            self.handled(reason, boundary, cost, new=new, pending=pending)
+        if reason == "memory":
+            self._grown_at_audit = max(self._grown(), 1)
         if unexplained:
-            self.retry_at = boundary + self._gap
-            self._gap = min(2 * self._gap, _RETRY_CAP)
+            signal = self._signals["old"]
+            self.retry_at = boundary + signal.gap
         else:
-            self.retry_at, self._gap = None, 1
+            self.retry_at = None
         if reason != "start" and not self.first_readings:
             self.first_readings = dict(self.readings)
         if self._trigger is not None:
@@ -259,16 +290,24 @@ class Schedule:
         self.held.audited(new)
         self._settle()
 
-    def _affords(self, reason: Reason, elapsed: float) -> bool:
-        """Whether an audit a signal asked for fits the budgets (see the module constants). The
-        parameters' count backs off by itself (its threshold doubles after each audit that found
-        nothing new), and so do the looks for old graphs no holder was found for."""
-        cost = self.last_cost or FIRST_COST
-        if self.repeating:
-            return self.repeated + cost <= REPEAT_SHARE * elapsed
-        if reason == "memory" or (reason == "old" and self.old_streak):
-            return self.charged + cost <= IDLE_SHARE * elapsed
-        return True
+    def handled(self, reason: Reason, boundary: int, cost: float, *, new: bool, pending: bool = False) -> None:
+        """A signal's request was handled at ``boundary`` at ``cost`` (an audit, or a read of the holders
+        found before): one that found nothing new doubles the signal's gap, unless it left graphs pending
+        and was no follow-up itself (then the next request follows up at once)."""
+        signal = self._signals[_SIGNAL[reason]]
+        signal.cost = cost
+        signal.follow = pending and not signal.follow and not new
+        if new:
+            signal.misses, signal.gap, signal.next_at = 0, 1, 0
+        else:
+            signal.misses += 1
+            if signal.misses >= FREE:
+                signal.next_at = boundary + signal.gap
+                signal.gap = min(2 * signal.gap, _GAP_CAP)
+
+    def _grown(self) -> int:
+        """How far the memory figure grew since the start-up check, all devices."""
+        return sum(self.readings.get(d, v) - v for d, v in self.first_readings.items())
 
     def _read_memory(self, boundary: int) -> bool:
         """Read the memory figure when due; whether the trigger asked for an audit."""
@@ -278,6 +317,6 @@ class Schedule:
         if not readings:
             return False
         self.readings = readings
-        if boundary > STARTUP and not self.first_readings:
+        if boundary > self.startup and not self.first_readings:
             self.first_readings = dict(readings)
         return self._trigger.observe(readings) is not None

@@ -80,6 +80,13 @@ class WatchFigures:
         stamped: Graph nodes stamped (at backwards and audits) to be followed in constant time.
         unexplained: Graphs older than two boundaries, alive at the last audit, that no holder was found for.
         memory: One clause on the memory figure (its growth and what explained it), or ``""``.
+        unseen: Step boundaries since the previous one of which no backward was seen (an autograd
+            engine bound before the watch started, ``torch.func``, gradients set by hand).
+        failures: Backwards the watch failed to stamp (its listener raised).
+        declined: Requests of the signals that waited for the back-off or the watch's share of the time.
+        since_audit: Step boundaries between the last audit and the end (the most of any thread): a
+            graph no signal sees (kept below a backward's nearest nodes, saving no parameter) is found
+            only by an audit.
     """
 
     boundaries: int
@@ -91,17 +98,22 @@ class WatchFigures:
     stamped: int = 0
     unexplained: int = 0
     memory: str = ""
+    unseen: int = 0
+    failures: int = 0
+    declined: int = 0
+    since_audit: int = 0
 
     def __add__(self, other: WatchFigures) -> WatchFigures:
         """Both watches' figures added up (the programs one process ran, the processes of a run); the memory
-        clause is ``other``'s, else this one's."""
+        clause is ``other``'s, else this one's; ``since_audit`` is the larger."""
         return WatchFigures(
             **{
                 f.name: getattr(self, f.name) + getattr(other, f.name)
                 for f in dataclasses.fields(self)
-                if f.name != "memory"
+                if f.name not in ("memory", "since_audit")
             },
             memory=other.memory or self.memory,
+            since_audit=max(self.since_audit, other.since_audit),
         )
 
 
@@ -205,7 +217,7 @@ def summarize(
         return f"{title}: no optimizer step was seen{where}: {nothing}"
     where = f",{where}" if where else ""
     since = "their time since the first" if len(watches) > 1 else "the time since the first"
-    share = f" ({100 * f.seconds / f.elapsed:.2f}% of {since})" if f.elapsed > 0 and f.seconds else ""
+    share = f" ({100 * f.seconds / f.elapsed:.2f}% of {since})" if f.elapsed > 0 and f.seconds and f.audits else ""
     asked = f", {f.memory_audits} of them for memory growth" if f.memory_audits else ""
     head = f"{title}: {plural(f.boundaries, 'step boundary')}, {f.audits} audited{asked}{where}{share}"
     memory = _memory(watches)
@@ -216,19 +228,16 @@ def summarize(
     unaudited = [w.name for w in watches if several and w.figures.boundaries and not w.figures.audits]
     tail = (
         _unexplained(watches, several)
+        + _coverage(f)
         + _bounded([row for row in rows if row.bounded])
         + _clause(memory)
         + (f"; not audited, so not checked: {', '.join(unaudited)}" if unaudited else "")
     )
     if not leaks:
-        followed = (
-            f" (between audits, {plural(f.stamped, 'graph node')} stamped at backwards and audits were followed)"
-            if f.stamped
-            else ""
-        )
+        followed = f" ({plural(f.stamped, 'graph node')} stamped at backwards and audits)" if f.stamped else ""
         if f.unexplained:
             return f"{head}; no holder was found keeping a graph{followed}{tail}"
-        return f"{head}; no autograd graph outlived two step boundaries{followed}{tail}"
+        return f"{head}; no graph the watch followed outlived two step boundaries{followed}{tail}"
     released = sum(row.total("released_bytes") for row in leaks)
     if released:
         tail = f"; the repairs gave back {human(released)} of memory (measured){tail}"
@@ -308,6 +317,33 @@ def _unexplained(watches: Sequence[WatchRecord], several: bool) -> str:
         f"{'is' if count == 1 else 'are'} alive that no holder was found for (garbage not collected "
         "yet, a graph node held directly, or C++ code)"
     )
+
+
+OLD_ENOUGH = 3
+"""Boundaries after which a graph kept since the last audit may have outlived two without an audit."""
+
+
+def _coverage(f: WatchFigures) -> str:
+    """What the signals did not cover: each clause only where it applies, with its figure."""
+    said = []
+    if f.unseen:
+        said.append(
+            f"{plural(f.unseen, 'step boundary')} of {f.boundaries} saw no backward (an autograd engine bound before "
+            "the watch started, torch.func, gradients set by hand): their graphs were looked for by audits only"
+        )
+    if f.failures:
+        said.append(f"{plural(f.failures, 'backward')} could not be stamped (the gradguard logger says why at DEBUG)")
+    if f.declined:
+        said.append(
+            f"{plural(f.declined, 'request')} of the signals waited for the watch's share of the time (a leak that "
+            "started meanwhile may be reported late)"
+        )
+    if f.since_audit >= OLD_ENOUGH:
+        said.append(
+            "a graph kept below a backward's nearest nodes, or saving no parameter, is found by an audit only: the "
+            f"last ran {plural(f.since_audit, 'step boundary')} before the end"
+        )
+    return "".join(f"; not covered: {text}" for text in said)
 
 
 def _bounded(rows: Sequence[_Row]) -> str:

@@ -1,75 +1,59 @@
-"""One thread's boundaries: their clock, stamps and schedule, and the stamping of each backward it starts.
+"""One thread's boundaries: their clock, stamps and schedule, and the stamping of each backward.
 
-Each thread has its own boundaries (its ``optimizer.step()`` calls), so each has its own state; a
-backward stamps its roots in the ledger of the thread that starts it, and, on a share of the wall
-time, the nodes nearest below them (a record a program keeps is often a model output or a
-log-probability a few nodes below the loss).
+Each thread that steps an optimizer has its own boundaries, so its own state. Every backward stamps
+its roots (one shared stamp per epoch: see :mod:`gradguard._graph.stamps`) in the ledger of the
+thread whose boundaries age it: its own, once it stepped; before that, the thread's that stepped last
+(a backward run in a worker thread feeds the optimizer of the thread that steps). On a share of the
+wall time, the nodes nearest below the roots are stamped too (a record a program keeps is often a model
+output or a log-probability a few nodes below the loss). A graph an audit found old but still usable
+for backward is *armed*: a hook on its node moves its stamp to the current epoch when a later backward
+runs through it, so a graph in use is never a leak.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import time
 import weakref
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 from .._graph.held import HeldParameters
-from .._graph.stamps import Ledger, node_key
+from .._graph.stamps import USED, Ledger, metadata_of, node_key
 from .criterion import Clock
 from .schedule import Schedule
 
-__all__ = [
-    "DEEP_NODES",
-    "DEEP_SHARE",
-    "REVISIT_SHARE",
-    "STAMP_FIRST",
-    "STAMP_SHARE",
-    "Held",
-    "ThreadState",
-    "stamp_backward",
-]
-
-STAMP_SHARE = 0.005
-"""The most of the wall time stamping backwards' roots may take. A stamp costs a few microseconds (a
-node's ``metadata`` is made for it), a step of a small model on a CPU a fraction of a millisecond: a
-backward's roots are stamped when the cheapest of the last few stampings took at most this share of the
-time since the last one (one slow stamping does not stall the next), so a step of a millisecond or more
-has every backward stamped, a shorter one one in a few. The backwards of a thread's first
-:data:`STAMP_FIRST` boundaries, and every one with ``every=N``, always are."""
+__all__ = ["DEEP_NODES", "DEEP_SHARE", "STAMP_FIRST", "Held", "ThreadState", "arm", "stamp_backward"]
 
 DEEP_SHARE = 0.002
-"""The same for the nodes nearest below the roots of a backward whose roots were stamped (up to
-:data:`DEEP_NODES`): a record a program keeps is often a tensor a few nodes below the loss (a model
-output, a log-probability), which the root's stamp does not reach."""
+"""The most of the wall time stamping the nodes nearest below a backward's roots (up to
+:data:`DEEP_NODES`) may take: a record a program keeps is often a tensor a few nodes below the loss (a
+model output, a log-probability), which the root's stamp does not reach."""
 
 STAMP_FIRST = 3
-"""Boundaries of a thread whose backwards are all stamped, roots and below."""
+"""Boundaries of a thread whose backwards are stamped below their roots too, whatever it costs."""
 
 DEEP_NODES = 32
 """Nodes stamped below the roots, nearest first; with ``every=N`` the whole graph is."""
-
-REVISIT_SHARE = 0.05
-"""``detach``: the most of a thread's wall time reading the holders found before may take, to find what
-the program put there since (no heap pass: by name); it spends nothing in a program that never leaked.
-While a holder it repaired keeps filling, every boundary reads that holder (its newest records) and
-repairs what it took: a leak the program keeps filling stays at one step's records, at the cost of
-repairing them, which is the leak's own."""
 
 _clock = time.perf_counter
 
 
 class Held:
-    """One optimizer's sampled parameter reference count (:mod:`gradguard._graph.held`), as the schedule
-    takes it: by name, and only when it changed (a count that does not move asks for nothing)."""
+    """One optimizer's parameters' reference count (:mod:`gradguard._graph.held`), as the schedule takes it:
+    by name, and only when it changed (a count that does not move asks for nothing)."""
 
-    __slots__ = ("last", "name", "read")
+    __slots__ = ("_optimizers", "last", "name", "read")
 
     def __init__(self, optimizers: tuple[Any, ...]) -> None:
         self.read = HeldParameters(optimizers)
         self.name = "parameters of " + ", ".join(type(o).__name__ for o in optimizers)
         self.last: int | None = None
+        self._optimizers = [weakref.ref(o) for o in optimizers]
+
+    def optimizers(self) -> list[Any]:
+        """The optimizers still alive."""
+        return [o for o in (ref() for ref in self._optimizers) if o is not None]
 
     def changed(self) -> dict[str, int] | None:
         """The count by name when it moved since the last call, else ``None``."""
@@ -84,50 +68,44 @@ class ThreadState:
     """One thread's boundaries: their clock, the schedule, the stamps, and the last boundary's step."""
 
     __slots__ = (
+        "__weakref__",
+        "backwards",
         "busy",
         "clock",
         "deep",
-        "roots",
-        "stamp",
+        "entry",
+        "first",
+        "held",
+        "ledger",
+        "partners",
+        "promotions",
         "refilling",
         "repairing",
-        "revisit_cost",
-        "revisit_spent",
-        "held",
-        "horizon",
-        "ledger",
         "schedule",
         "sequence",
         "stepped",
         "unexplained",
+        "unseen",
     )
 
     def __init__(self, schedule: Schedule) -> None:
         self.schedule = schedule
         self.clock = Clock()
         self.ledger = Ledger()
-        self.horizon = -1  # stamps of epochs up to here were looked at by an audit
         self.unexplained = 0  # old graphs alive at the last audit that no holder was found for
         self.sequence: int | None = None  # torch's node counter of this thread at the end of the last boundary
         self.stepped: set[Hashable] = set()  # the sources already stepped since that counter last moved
+        self.first: Hashable = None  # the source that ticked the last boundary
+        self.partners: dict[Hashable, set[Hashable]] = {}  # per source, the others that stepped at its boundaries
         self.held: dict[Hashable, Held] = {}
+        self.promotions: tuple[int, int] | None = None  # the collector's at the end of the last audit
         self.busy = False
-        self.stamp = _Rate(STAMP_SHARE)  # when to stamp a backward's roots next
-        self.deep = _Rate(DEEP_SHARE)  # when to stamp below them next
-        self.roots: weakref.WeakSet[Any] = weakref.WeakSet()  # the tensors whose backward was stamped
+        self.deep = _Rate(DEEP_SHARE)  # when to stamp below the roots next
+        self.backwards = 0  # backwards stamped into this ledger since its last boundary
+        self.unseen = 0  # boundaries at which no backward had been seen since the one before
+        self.entry = 0  # the watch's entries this thread's schedule has seen
         self.repairing: tuple[int, dict[str, int]] | None = None  # memory in use before repairs, their estimates
         self.refilling = False  # the last read of the holders repaired before repaired something
-        self.revisit_cost = 0.0  # what the last read of the holders found before took
-        self.revisit_spent = 0.0
-
-    def revisit_due(self, now: float) -> bool:
-        """Whether reading the holders found before again fits :data:`REVISIT_SHARE` of the thread's time."""
-        started = self.schedule.started
-        return started is not None and self.revisit_spent + self.revisit_cost <= REVISIT_SHARE * (now - started)
-
-    def revisited(self, cost: float) -> None:
-        self.revisit_cost = cost
-        self.revisit_spent += cost
 
 
 class _Rate:
@@ -146,36 +124,54 @@ class _Rate:
         self.next = end + min(self.costs) / self.share
 
 
-def stamp_backward(state: ThreadState, roots: Sequence[Any], *, hunting: bool) -> None:
-    """At the start of a backward from ``roots``: a root stamped before moves to now (its graph is in use
-    again); and when due (see :data:`STAMP_SHARE` and :data:`DEEP_SHARE`), the roots and the nodes
-    nearest below them are stamped (the whole graph when ``hunting``)."""
+def stamp_backward(state: ThreadState, nodes: Sequence[Any], *, hunting: bool) -> None:
+    """At the start of a backward from ``nodes`` (its roots' nodes): every root is stamped (one stamped
+    before moves to now: its graph is in use again), and when due (see :data:`DEEP_SHARE`) the nodes
+    nearest below the new ones (the whole graph when ``hunting``)."""
     epoch = state.clock.boundaries
     ledger = state.ledger
-    stamped = state.roots
-    for t in roots:
-        try:
-            again = t in stamped
-        except TypeError:  # a tensor subclass without weak references
-            again = False
-        if again:
-            ledger.place(t.grad_fn, epoch, refresh=True)
-    always = hunting or epoch < STAMP_FIRST
-    start = _clock()
-    if not always and start < state.stamp.next:
+    new = ledger.stamp_roots(nodes, epoch)
+    state.backwards += 1
+    if not new:
         return
-    nodes = []
-    for t in roots:
-        node = getattr(t, "grad_fn", None)
-        if node is not None and ledger.place(node, epoch, refresh=True):
-            nodes.append(node)
-            with contextlib.suppress(TypeError):
-                stamped.add(t)
-    middle = _clock()
-    state.stamp.ran(start, middle)
-    if nodes and (always or middle >= state.deep.next):
-        _stamp_below(nodes, ledger, epoch, None if hunting else DEEP_NODES)
-        state.deep.ran(middle, _clock())
+    if hunting or epoch < STAMP_FIRST:
+        _stamp_below(new, ledger, epoch, None if hunting else DEEP_NODES)
+        return
+    start = _clock()
+    if start >= state.deep.next:
+        _stamp_below(new, ledger, epoch, DEEP_NODES)
+        state.deep.ran(start, _clock())
+
+
+def arm(state: ThreadState, node: Any, boundary: int) -> bool:
+    """Follow the use of an old graph that can still be backwarded: a hook on ``node`` moves its stamp to
+    the current epoch's *used* one when a backward runs through it. Returns whether it was armed at an
+    earlier boundary (a whole step went by in which a backward could have used it), arming it now if
+    it was not. The hook refers to the node's ``metadata`` and, weakly, to ``state``: never to the node."""
+    metadata = metadata_of(node)
+    if metadata is None:
+        return True  # a node that cannot be followed: judged as it is
+    mark = state.ledger.key + ".armed"
+    armed = metadata.get(mark)
+    if type(armed) is int:
+        return armed < boundary
+    ref = weakref.ref(state)
+    key = state.ledger.key
+
+    def used(_grad_outputs: Any) -> None:
+        owner = ref()
+        if owner is not None:
+            token = owner.ledger._token(owner.clock.boundaries, USED)
+            metadata[key] = token
+            token.sequences.append(sequence)
+
+    sequence = node_key(node) or 0
+    try:
+        node.register_prehook(used)
+    except (AttributeError, RuntimeError, TypeError):
+        return True
+    metadata[mark] = boundary
+    return False
 
 
 def _stamp_below(roots: Sequence[Any], ledger: Ledger, epoch: int, most: int | None) -> None:

@@ -12,8 +12,6 @@ design: ``docs/how-it-works.md``.
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import functools
 import threading
 import time
@@ -26,36 +24,32 @@ import torch
 
 from .._errors import GradGuardError, GraphRetentionError, GraphRetentionWarning
 from .._graph.liveness import Liveness
-from .._graph.stamps import Ledger, oldest_below
+from .._graph.stamps import Ledger, oldest_below, roots_of
 from .._heap.census import live_graph_tensors, promotions
 from .._heap.paths import Path
 from .._policy import stats as _stats
-from .._policy.message import human
 from .._policy.modes import DETACH, OFF, RAISE, WARN, Mode, normalize_mode, resolve
 from .._policy.site import user_frame, warn_at
 from . import backwards
-from .allocated import in_use
 from .audit import Ignore, RetentionReport, check_ignore, scan_lock, scan_tensors
 from .criterion import Leak, ages, judge
-from .messages import named, raise_message, unrepaired_message, warn_message
+from .governor import Governor
+from .known import Known
+from .messages import raise_message, unrepaired_message, warn_message
 from .options import Every, parse_every, parse_memory
-from .recipes import Recipe
-from .repair import PARTLY, REPAIRED, Repair, repair
+from .records import STORE, Records, counted, measuring, memory_clause
+from .repair import REPAIRED, repair
 from .schedule import Reason, Schedule
 from .summary import BOUNDED, HolderHistory, WatchFigures, render
-from .threads import Held, ThreadState, stamp_backward
+from .threads import Held, ThreadState, arm, stamp_backward
 from .trigger import TriggerSettings
 
 __all__ = ["STORE", "Every", "HolderHistory", "Watcher"]
-
-STORE = "audit"
-"""The store name of the watch's repairs in :func:`gradguard.stats` (the site is the holder's path)."""
 
 OPTIMIZER_RESCAN = 30.0
 """Seconds between two looks for live optimizers in the heap (at an audit): a graph that reaches no
 known optimizer's parameters is judged at every boundary. Every optimizer that steps is known at once."""
 
-_MAX_RECIPES = 16  # holders remembered by name; the least recently found is forgotten first
 _clock = time.perf_counter
 
 
@@ -100,14 +94,16 @@ class Watcher:
         self.memory: TriggerSettings | None = parse_memory(memory, self.every)
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._history: dict[str, HolderHistory] = {}
-        self._counts = {"audits": 0, "memory": 0, "searches": 0}
-        self._recipes: collections.OrderedDict[str, Recipe] = collections.OrderedDict()  # found holders, by name
+        self._records = Records()
+        self._known = Known()
+        self._governor = Governor(_clock)
         self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # the live optimizers known
         self._rescan_at = 0.0
-        self._spent = 0.0
-        self._started: float | None = None
         self._states: list[ThreadState] = []
+        self._primary: ThreadState | None = None  # the state of the thread that stepped last
+        self._entry = 0  # entries of the watch (starts): each one's first boundaries are a start-up check
+        self._failures = 0  # the backward listener's failures in the process when the watcher last started
+        self._failed = 0  # those while it listened before it last closed
         self._listeners: list[Callable[[Watcher, BaseException | None], None]] = []
         self._backwards: backwards.Handle | None = None
         self._promotions: tuple[int, int] | None = None  # the collector's when the watcher started following
@@ -119,10 +115,13 @@ class Watcher:
     # Following backwards
 
     def start(self) -> None:
-        """Follow every backward from now on (stamp its graph); idempotent. :meth:`boundary` starts it too."""
+        """Follow every backward from now on (stamp its graph); each call is an entry of the watch, whose
+        first boundaries are a start-up check in every thread. :meth:`boundary` starts it too."""
         with self._lock:
+            self._entry += 1
             if self._backwards is None:
                 self._promotions = promotions()
+                self._failures = backwards.failures()
                 self._backwards = handle = backwards.listen(_weak_listener(self))
                 weakref.finalize(self, handle.remove)  # a watcher dropped without close()
 
@@ -130,11 +129,26 @@ class Watcher:
         """Stop following backwards; what the watcher found stays readable. It starts again at the next boundary."""
         with self._lock:
             handle, self._backwards = self._backwards, None
+            if handle is not None:
+                self._failed += backwards.failures() - self._failures
         if handle is not None:
             handle.remove()
 
     def _on_backward(self, roots: Sequence[Any]) -> None:
-        stamp_backward(self._state(), roots, hunting=self.every != "auto")
+        start = _clock()
+        nodes = roots_of(roots)
+        if nodes:
+            try:
+                state: ThreadState = self._local.state
+            except AttributeError:
+                state = self._primary or self._state()
+            else:
+                if not state.clock.boundaries and self._primary is not None:
+                    state = self._primary  # a thread that never stepped feeds the optimizer of one that does
+            stamp_backward(state, nodes, hunting=self.every != "auto")
+        governor = self._governor
+        governor.stamping += _clock() - start
+        governor.backwards += 1
 
     # ---------------------------------------------------------------------------------------------
     # Boundaries
@@ -169,6 +183,7 @@ class Watcher:
 
     def _boundary(self, source: Hashable, optimizers: tuple[Any, ...]) -> RetentionReport | None:
         # Every optimizer step of the process comes through here: the common path is kept short.
+        start = _clock()
         if self._backwards is None:
             self.start()
             self._promotions = None  # started at a boundary: what the step before made may be anywhere
@@ -180,74 +195,123 @@ class Watcher:
             return None
         sequence = torch.autograd._get_sequence_nr()
         if sequence == state.sequence and source not in state.stepped:
-            state.stepped.add(source)  # another optimizer (or a callback) at the same step: one boundary
+            # another optimizer (or a callback) at the same step: one boundary, which ages its graphs too
+            state.stepped.add(source)
+            if source not in state.held:
+                self._meet(state, source, optimizers)
+            state.clock.also(source)
+            state.partners.setdefault(state.first, set()).add(source)
+            self._governor.signals += _clock() - start
             return None
         state.stepped = {source}
+        state.first = source
         state.sequence = sequence
-        held = state.held.get(source)
-        if held is None:  # this optimizer's first boundary in this thread
-            held = state.held[source] = Held(optimizers)
-            with self._lock:
-                self._optimizers.update(optimizers)
-                self._started = self._started or _clock()
+        held = state.held.get(source) or self._meet(state, source, optimizers)
         boundary = state.clock.tick(source)
-        mode = resolve(self.mode)
+        self._primary = state
+        if not state.backwards and boundary > 1:
+            state.unseen += 1
+        state.backwards = 0
+        if state.entry != self._entry:
+            state.entry = self._entry
+            if boundary > 1:
+                state.schedule.restart()
+        mode = self.mode or resolve(None)
         if mode == OFF:
+            self._governor.signals += _clock() - start
             return None
-        now = _clock()
         ledger = state.ledger
         through = boundary - state.schedule.old
-        old = ledger.old(through, after=state.horizon) if ledger.due(through) else None
-        reason = state.schedule.boundary(now, boundary, old, held.changed())
-        if reason == "old" and self._revisit(state, boundary, source, optimizers, mode):
+        old = ledger.old(through) if ledger.due(through) else None
+        count = held.read()
+        changed = None
+        if count is not None and count != held.last:
+            held.last = count
+            changed = {held.name: count}
+        reason = state.schedule.boundary(start, boundary, old, changed)
+        self._governor.signals += _clock() - start
+        if reason is not None and reason != "start":
+            sources, optimizers = self._judging(state, source, optimizers)
+        else:
+            sources = (source,)
+        if reason in ("old", "retry") and self.every == "auto" and self._known and self._revisit(
+            state, boundary, sources, optimizers, mode
+        ):
             reason = None  # every old graph was in a holder found before, and was acted on by name
-            self._measure_repairs(state)
-        elif reason is None and mode == DETACH and self._recipes:
-            due = state.revisit_due(now)
-            if due or state.refilling:  # a holder repaired before fills again: while it does, at every boundary
-                self._revisit(state, boundary, source, optimizers, mode, only_refill=not due)
-                self._measure_repairs(state)
+            self._records.measure_repairs(state)
+        elif reason is None and mode == DETACH and self._known and state.refilling:
+            # a holder repaired before fills again: while it does, at every boundary
+            self._revisit(state, boundary, sources, optimizers, mode, only_refill=True)
+            self._records.measure_repairs(state)
         if reason is None:
             return None
-        return self._run_audit(state, boundary, reason, source, optimizers, mode)
+        return self._run_audit(state, boundary, reason, sources, optimizers, mode)
+
+    def _meet(self, state: ThreadState, source: Hashable, optimizers: tuple[Any, ...]) -> Held:
+        """This optimizer's first boundary in this thread."""
+        held = state.held[source] = Held(optimizers)
+        with self._lock:
+            self._optimizers.update(optimizers)
+            self._governor.start(_clock())
+        return held
+
+    def _judging(
+        self, state: ThreadState, source: Hashable, optimizers: tuple[Any, ...]
+    ) -> tuple[tuple[Hashable, ...], tuple[Any, ...]]:
+        """The sources whose boundaries this one is (the optimizers that step at the same boundary as
+        ``source``), and their optimizers: a graph is judged by the boundaries of any of them."""
+        partners = state.partners.get(source)
+        if not partners:
+            return (source,), optimizers
+        found = list(optimizers)
+        for other in partners:
+            held = state.held.get(other)
+            if held is not None:
+                found.extend(o for o in held.optimizers() if o not in found)
+        return (source, *partners), tuple(found)
 
     def _run_audit(
         self,
         state: ThreadState,
         boundary: int,
         reason: Reason,
-        source: Hashable,
+        sources: tuple[Hashable, ...],
         optimizers: tuple[Any, ...],
         mode: Mode,
     ) -> RetentionReport:
         state.busy = True
-        with self._lock:
-            known = set(self._history)
+        known = self._records.keys()
         start = _clock()
         report: RetentionReport | None = None
         raised: BaseException | None = None
-        searched = young = False
+        searched: list[bool] = []
+        young = False
         state.repairing = None
         try:
-            # The start-up check of a watcher that followed every step since it started: what those steps
-            # made is all the collector's young generations hold, unless one was promoted since.
-            young = reason == "start" and self._promotions is not None and promotions() == self._promotions
-            report, searched = self._audit(state, boundary, source, optimizers, mode, young)
-            return report
+            # The start-up check of a watcher that followed every step since it started (or since the audit
+            # before, which stamped every graph alive): what was made since is all the collector's young
+            # generations hold, unless one was promoted since.
+            since = self._promotions if boundary <= 1 else state.promotions
+            young = reason == "start" and since is not None and promotions() == since
+            return self._audit(state, boundary, sources, optimizers, mode, young, searched)
         except BaseException as error:
             raised = error
             report = getattr(error, "report", None)
             raise
         finally:
-            self._measure_repairs(state)
+            self._records.measure_repairs(state)
             cost = _clock() - start
             state.busy = False
-            with self._lock:
-                new = any(h not in known and e.outcome != BOUNDED for h, e in self._history.items())
-                self._spent += cost
-                self._counts["audits"] += 1
-                self._counts["memory"] += reason == "memory"
-                self._counts["searches"] += searched
+            state.clock.audited = boundary
+            state.promotions = promotions()
+            new = self._records.new_since(known)
+            self._governor.charge(cost, startup=reason == "start")
+            with self._records.lock:
+                self._records.spent += cost
+                counts = self._records.counts
+                counts["audits"] += 1
+                counts["memory"] += reason == "memory"
+                counts["searches"] += any(searched)
             state.schedule.audited(
                 cost,
                 reason,
@@ -255,7 +319,7 @@ class Watcher:
                 found=bool(report),
                 unexplained=state.unexplained > 0,
                 boundary=boundary,
-                pending=state.horizon < boundary - state.schedule.old,
+                pending=state.ledger.horizon < boundary - state.schedule.old,
                 partial=young,
             )
             state.sequence = torch.autograd._get_sequence_nr()
@@ -267,7 +331,9 @@ class Watcher:
         try:
             state: ThreadState = self._local.state
         except AttributeError:
-            state = self._local.state = ThreadState(Schedule(self.every, self.memory, clock=_clock))
+            schedule = Schedule(self.every, self.memory, clock=_clock, governor=self._governor)
+            state = self._local.state = ThreadState(schedule)
+            state.entry = self._entry
             with self._lock:
                 self._states.append(state)
         return state
@@ -279,15 +345,16 @@ class Watcher:
         self,
         state: ThreadState,
         boundary: int,
-        source: Hashable,
+        sources: tuple[Hashable, ...],
         optimizers: tuple[Any, ...],
         mode: Mode,
-        young: bool = False,
-    ) -> tuple[RetentionReport, bool]:
+        young: bool,
+        searched: list[bool],
+    ) -> RetentionReport:
         """Every graph alive now, aged by its stamps; when one is old, the holders of the stamped ones are
         searched for, judged and acted on. ``young``: only what the collector's young generations hold
-        (the start-up check, when nothing made since the watcher started can be older). Returns the
-        report, and whether the heap was searched."""
+        (the start-up check, when nothing made since the watcher started can be older). ``searched``
+        receives whether the heap was searched for holders."""
         with scan_lock:
             found: list[Any] | None = None
             now = _clock()
@@ -305,36 +372,36 @@ class Watcher:
             born_at = ages(tensors, state.ledger, model)
             for t in tensors:  # what is alive now is followed from here on
                 state.ledger.place(t.grad_fn, boundary - 1)
-            survived = functools.partial(state.clock.survived, source)
+            survived = _survived(state, sources)
             # When a graph is old, every stamped one is searched for: a list's current record shows it grows.
             stamped = [t for t in tensors if id(t) in born_at]
             del tensors
-            searched = any(survived(born_at[id(t)].born) >= 1 for t in stamped)
-            leaks = self._settle(state, boundary, source, optimizers, stamped, born_at, {}, model, search=searched)
+            search = any(survived(born_at[id(t)].born) >= 1 for t in stamped)
+            searched.append(search)
+            leaks = self._settle(state, boundary, sources, optimizers, stamped, born_at, {}, model, search=search)
             del stamped, model
-        return self._act(leaks, mode, user_frame()), searched
+        return self._act(leaks, mode, user_frame())
 
     def _revisit(
         self,
         state: ThreadState,
         boundary: int,
-        source: Hashable,
+        sources: tuple[Hashable, ...],
         optimizers: tuple[Any, ...],
         mode: Mode,
         only_refill: bool = False,
     ) -> bool:
         """Read the holders found before by name (no heap pass), stamp what they took since, and act on
-        their old graphs; whether that accounted for every old graph the signal saw. In ``detach`` mode
-        this runs at every boundary :data:`REVISIT_SHARE` affords, and at every boundary while the
-        holders repaired before keep filling (``only_refill``: those alone), so they stay bounded."""
-        with self._lock:
-            recipes = list(self._recipes.values())
+        their old graphs; whether that accounted for every old graph the signal saw. In ``detach`` mode,
+        while the holders repaired before keep filling, this runs at every boundary (``only_refill``:
+        those alone), so they stay bounded."""
+        recipes = self._known.recipes()
         if not recipes:
             return False
         start = _clock()
         with scan_lock:
             if mode == DETACH:
-                recipes = self._refill(state, recipes, boundary, source)
+                recipes = self._known.refill(state, recipes, boundary, sources[0], self._records)
             if only_refill:
                 recipes = []
             pairs = [pair for recipe in recipes for pair in recipe.resolve()]
@@ -344,65 +411,25 @@ class Watcher:
             for t in tensors:  # what the holder took since it was last read is followed from here on
                 state.ledger.place(t.grad_fn, boundary - 1)
             born_at = ages(tensors, state.ledger)
-            survived = functools.partial(state.clock.survived, source)
+            survived = _survived(state, sources)
             leaks: list[Leak] = []
             if any(survived(age.born) >= 1 for age in born_at.values()):
-                leaks = self._settle(state, boundary, source, optimizers, tensors, born_at, known, partial=True)
+                leaks = self._settle(state, boundary, sources, optimizers, tensors, born_at, known, partial=True)
             del tensors, known
-        state.revisited(_clock() - start)
+        cost = _clock() - start
+        self._governor.charge(cost)
         if leaks:
             self._act(leaks, mode, user_frame())
-        return state.ledger.old(boundary - state.schedule.old, after=state.horizon) is None
-
-    def _refill(self, state: ThreadState, recipes: list[Recipe], boundary: int, source: Hashable) -> list[Recipe]:
-        """``detach``: the holders repaired before, read by name (their newest records), have the dead
-        graphs they took before this step repaired: the holder was judged a leak, and detaching a dead
-        graph cannot change a gradient (one that may still be backwarded is left to the audits). A
-        record is aged by its own stamp (placed when a backward started from it, or when this first
-        saw it), or when it has none, by the oldest stamp in its graph. Returns the recipes of the other
-        holders. Call holding :data:`scan_lock`."""
-        with self._lock:
-            repaired = {k for k, e in self._history.items() if e.outcome in (REPAIRED, PARTLY)}
-        others = []
-        state.refilling = False
-        ledger = state.ledger
-        for recipe in recipes:
-            if recipe.key not in repaired:
-                others.append(recipe)
-                continue
-            pairs = []
-            for t, path in recipe.resolve(newer=True):
-                stamp = ledger.stamp(t.grad_fn)
-                if stamp is not None:
-                    born: int | None = stamp.epoch
-                else:  # new here: as old as the oldest graph it holds (a running sum holds the last one)
-                    born = oldest_below([t.grad_fn], ledger).get(t.grad_fn)
-                    ledger.place(t.grad_fn, boundary - 1)  # made before this boundary, in this step at the latest
-                if born is not None and state.clock.survived(source, born) >= 1:
-                    pairs.append((t, path))
-            if not pairs:
-                continue
-            tensors = [t for t, _ in pairs]
-            liveness = Liveness({t.grad_fn for t in tensors})
-            alive = [liveness.state(t.grad_fn).alive for t in tensors]
-            del liveness
-            if all(alive):
-                continue
-            _measuring(state)
-            done = repair([path for _, path in pairs], tensors, alive)
-            del pairs, tensors
-            with self._lock:
-                entry = self._history[recipe.key]
-                entry.repaired += done.released
-                pinned, each = entry.pinned_bytes, (entry.pinned_bytes + entry.node_bytes) // max(1, entry.tensors)
-            _counted(state, recipe.key, done, pinned, each * done.released)
-        return others
+        accounted = state.ledger.old(boundary - state.schedule.old) is None
+        if not only_refill:
+            state.schedule.handled("old", boundary, cost, new=False)
+        return accounted
 
     def _settle(
         self,
         state: ThreadState,
         boundary: int,
-        source: Hashable,
+        sources: tuple[Hashable, ...],
         optimizers: tuple[Any, ...],
         tensors: list[torch.Tensor],
         born_at: dict[int, Any],
@@ -430,11 +457,11 @@ class Watcher:
             with self._lock:
                 alive_optimizers = list(self._optimizers)
             params = None if not optimizers else functools.partial(_parameter_ids, optimizers, alive_optimizers)
-            survived = functools.partial(state.clock.survived, source)
             own_age = functools.partial(_own_age, ledger, model or set())
-            verdicts = judge(findings, born_at, survived, own_age, liveness, params)
+            watched = functools.partial(arm, state, boundary=boundary)
+            verdicts = judge(findings, born_at, _survived(state, sources), own_age, liveness, params, watched)
             leaks = verdicts.leaks
-            self._note(verdicts.bounded, BOUNDED)
+            self._records.note(verdicts.bounded, BOUNDED, self._boundaries())
             leaking = {id(leak.finding.tensors[i]) for leak in leaks for i in leak.leaking}
             pending = [
                 born_at[id(t)].born for f in findings for t in f.tensors if id(t) in born_at and id(t) not in leaking
@@ -455,7 +482,7 @@ class Watcher:
         else:
             lost_old = []
         if not partial:
-            state.horizon = horizon
+            ledger.settle(horizon)
             state.unexplained = len(lost_old) + ledger.alive(through=horizon)
         return leaks
 
@@ -464,79 +491,35 @@ class Watcher:
         report = RetentionReport([leak.finding.retention for leak in leaks])
         if not leaks:
             return report
-        self._remember(leaks)
+        self._known.remember(leaks)
+        boundaries = self._boundaries()
         if mode == RAISE:
             message = raise_message(leaks, ended)
-            self._note(leaks, "raised")
+            self._records.note(leaks, "raised", boundaries)
             leaks.clear()  # the traceback keeps this frame: it must not keep the tensors
             error = GraphRetentionError(message)
             error.report = report  # type: ignore[attr-defined]
             raise error
         if mode == WARN:
-            self._note(leaks, "warned")
+            self._records.note(leaks, "warned", boundaries)
             for leak in leaks:
                 if _stats.claim_warning(STORE, leak.finding.key, "warn"):
                     _warn(warn_message(leak, ended), frame)
         elif mode == DETACH:
-            _measuring(self._state())
+            state = self._state()
+            measuring(state)
             for leak in leaks:
-                self._repair(leak, frame, ended)
+                self._repair(state, leak, frame, boundaries, ended)
         return report
 
-    def _remember(self, leaks: Iterable[Leak]) -> None:
-        """The holders found, by name: read again at later boundaries without searching the heap."""
-        with self._lock:
-            for leak in leaks:
-                recipe = Recipe.of(leak.finding.paths[leak.leaking[0]])
-                if recipe is None:
-                    continue
-                self._recipes[recipe.key] = recipe
-                self._recipes.move_to_end(recipe.key)
-                while len(self._recipes) > _MAX_RECIPES:
-                    self._recipes.popitem(last=False)
-
-    def _repair(self, leak: Leak, frame: Any, ended: str = "") -> None:
+    def _repair(self, state: ThreadState, leak: Leak, frame: Any, boundaries: int, ended: str = "") -> None:
         finding = leak.finding
         done = repair([finding.paths[i] for i in leak.leaking], [finding.tensors[i] for i in leak.leaking], leak.alive)
         pinned, estimate = finding.retention.pinned_bytes, finding.retention.pinned_bytes + finding.retention.node_bytes
-        _counted(self._state(), finding.key, done, pinned, estimate)
-        self._note([leak], done.outcome, repaired=done.released, why=done.why)
+        counted(state, finding.key, done, pinned, estimate)
+        self._records.note([leak], done.outcome, boundaries, repaired=done.released, why=done.why)
         if done.outcome != REPAIRED and _stats.claim_warning(STORE, finding.key, done.outcome):
             _warn(unrepaired_message(leak, done, ended), frame)
-
-    def _measure_repairs(self, state: ThreadState) -> None:
-        """What the repairs since ``state.repairing`` was set gave back, measured (the memory in use before
-        and after, once the audit let go of what it saw), shared among the holders by their estimates."""
-        repairing, state.repairing = state.repairing, None
-        if repairing is None or not repairing[1]:
-            return
-        after = in_use()
-        before, estimates = repairing
-        if after is None or before <= after:
-            return
-        total = sum(estimates.values()) or len(estimates)
-        with self._lock:
-            for key, estimate in estimates.items():
-                entry = self._history.get(key)
-                if entry is not None:
-                    entry.released_bytes += (before - after) * (estimate or 1) // total
-
-    def _note(self, leaks: Iterable[Leak], outcome: str, repaired: int = 0, why: str = "") -> None:
-        with self._lock:
-            for leak in leaks:
-                r = leak.finding.retention
-                entry = self._history.get(leak.finding.key)
-                if entry is None:
-                    entry = self._history[leak.finding.key] = HolderHistory(leak.finding.key, named(r), r.fix)
-                    entry.found_at = self._boundaries()
-                elif entry.outcome != BOUNDED and outcome == BOUNDED:
-                    continue  # a leak found before stays a leak, even at an audit that saw one step of it
-                entry.path, entry.fix, entry.tensors, entry.pinned_bytes = named(r), r.fix, r.tensors, r.pinned_bytes
-                entry.nodes, entry.node_bytes, entry.alive = r.nodes, r.node_bytes, any(leak.alive)
-                entry.survived = max(entry.survived, leak.survived)
-                entry.audits += 1
-                entry.repaired += repaired
-                entry.outcome, entry.why = outcome, why
 
     def on_audit(self, listener: Callable[[Watcher, BaseException | None], None]) -> None:
         """Call ``listener(watcher, error)`` after each audit, in the auditing thread.
@@ -605,9 +588,11 @@ class Watcher:
             ended = f" after {what} ended"
             return self._act(leaks, mode, where if where is not None else user_frame(), ended)
         finally:
-            with self._lock:
-                self._spent += _clock() - start
-                self._counts["audits"] += 1
+            cost = _clock() - start
+            self._governor.charge(cost)
+            with self._records.lock:
+                self._records.spent += cost
+                self._records.counts["audits"] += 1
 
     # ---------------------------------------------------------------------------------------------
     # What it found
@@ -624,17 +609,17 @@ class Watcher:
     @property
     def audits(self) -> int:
         """Audits run so far (passes over the heap), all threads."""
-        return self._counts["audits"]
+        return self._records.counts["audits"]
 
     @property
     def searches(self) -> int:
         """Audits that searched the heap for the holders of old graphs, all threads."""
-        return self._counts["searches"]
+        return self._records.counts["searches"]
 
     @property
     def audit_seconds(self) -> float:
         """Wall time the audits took, all threads."""
-        return self._spent
+        return self._records.spent
 
     @property
     def read_seconds(self) -> float:
@@ -644,9 +629,16 @@ class Watcher:
         return sum(state.schedule.read_seconds for state in states)
 
     @property
+    def own_seconds(self) -> float:
+        """Wall time of all the watcher's own work, all threads: audits, reads of the holders found before,
+        repairs, memory readings, and the stamps and signals at every backward and boundary (the
+        governor's account)."""
+        return self._governor.seconds
+
+    @property
     def memory_audits(self) -> int:
         """Audits the memory figure asked for, all threads."""
-        return self._counts["memory"]
+        return self._records.counts["memory"]
 
     def history(self) -> list[HolderHistory]:
         """Every holder an audit found leaking.
@@ -654,7 +646,7 @@ class Watcher:
         Returns:
             A copy of each holder's record, most pinned bytes first.
         """
-        return self._entries(leaks=True)
+        return self._records.entries(leaks=True)
 
     def bounded(self) -> list[HolderHistory]:
         """Every holder an audit found keeping one step's graph for one boundary, replaced at every step.
@@ -664,40 +656,39 @@ class Watcher:
         Returns:
             A copy of each holder's record, most pinned bytes first.
         """
-        return self._entries(leaks=False)
-
-    def _entries(self, leaks: bool) -> list[HolderHistory]:
-        with self._lock:
-            entries = [dataclasses.replace(e) for e in self._history.values() if (e.outcome != BOUNDED) == leaks]
-        return sorted(entries, key=lambda e: (-e.pinned_bytes, e.holder))
+        return self._records.entries(leaks=False)
 
     def figures(self) -> WatchFigures:
         """What the watcher did so far, as the summary renders it.
 
         Returns:
-            The counts, times and memory clause of all threads, as of now.
+            The counts, times, coverage and memory clause of all threads, as of now.
         """
         with self._lock:
             states = list(self._states)
-        elapsed = 0.0 if self._started is None else _clock() - self._started
+        last = max((s.clock.boundaries - s.clock.audited for s in states if s.clock.audited), default=0)
         return WatchFigures(
             boundaries=self.boundaries,
             audits=self.audits,
             searches=self.searches,
-            seconds=self._spent + self.read_seconds,
-            elapsed=elapsed,
+            seconds=self.own_seconds,
+            elapsed=self._governor.elapsed(),
             memory_audits=self.memory_audits,
             stamped=sum(s.ledger.placed for s in states),
             unexplained=sum(s.unexplained for s in states),
             memory=self.memory_line(),
+            unseen=sum(s.unseen for s in states),
+            failures=self._failed + (backwards.failures() - self._failures if self._backwards is not None else 0),
+            declined=sum(s.schedule.declined for s in states),
+            since_audit=last,
         )
 
     def summary(self) -> str:
         """What the watch checked and found, in words.
 
         Returns:
-            A few lines: what was checked and at what cost, what is not explained, and a table of the
-            holders (leaking, then bounded).
+            A few lines: what was checked and at what cost, what was not covered, what is not explained,
+            and a table of the holders (leaking, then bounded).
         """
         return render(self.figures(), self.history(), self.bounded())
 
@@ -710,7 +701,6 @@ class Watcher:
         """
         with self._lock:
             states = list(self._states)
-            pinned = sum(e.pinned_bytes + e.node_bytes for e in self._history.values() if e.outcome != BOUNDED)
         grown: dict[str, int] = {}
         what = ""
         for state in states:
@@ -723,46 +713,19 @@ class Watcher:
                 if growth >= max(floors.get(device, 0), schedule.trigger.settings.floor):
                     grown[device] = grown.get(device, 0) + growth
             what = what or schedule.reader.short()
-        if not grown:
-            return ""
-        total = ", ".join(f"{device} +{human(g)}" for device, g in grown.items())
-        if pinned:
-            return f"memory ({what}) grew after the start-up check: {total}; the holders found pin {human(pinned)}"
-        return (
-            f"memory ({what}) grew after the start-up check: {total}, which no autograd graph the audits found "
-            "explains (a cache, a buffer, the allocator's own)"
-        )
+        return memory_clause(grown, what, self._records.pinned())
 
 
-def _measuring(state: ThreadState) -> None:
-    """Read the memory in use before the first repair since :meth:`Watcher._measure_repairs` last ran."""
-    if state.repairing is None:
-        before = in_use()
-        if before is not None:
-            state.repairing = (before, {})
-
-
-def _counted(state: ThreadState, key: str, done: Repair, pinned: int, estimate: int) -> None:
-    """A repair of holder ``key`` counted in :func:`gradguard.stats`, its holder read again at the next
-    boundary, and ``estimate`` (the bytes it should give back) added to what the memory measured is
-    shared by."""
-    if not done.detached:
-        return
-    _stats.count_at(STORE, key, done.detached, done.released, pinned)
-    state.refilling = state.refilling or done.released > 0
-    if state.repairing is not None and done.released:
-        estimates = state.repairing[1]
-        estimates[key] = estimates.get(key, 0) + estimate
+def _survived(state: ThreadState, sources: tuple[Hashable, ...]) -> Callable[[int], int]:
+    """Boundaries of any of ``sources`` a graph stamped at an epoch has lived through."""
+    clock = state.clock
+    if len(sources) == 1:
+        return functools.partial(clock.survived, sources[0])
+    return lambda epoch: max(clock.survived(s, epoch) for s in sources)
 
 
 def _own_age(ledger: Ledger, model: set[Any], root: Any, others: set[Any]) -> int | None:
     return oldest_below([root], ledger, stop=others | model).get(root)
-
-
-def _known(tensors: Sequence[torch.Tensor], recipes: Sequence[Recipe]) -> dict[int, Path]:
-    """The live paths of the tensors (by id) in holders found before, read by their recipes."""
-    ids = {id(t) for t in tensors}
-    return {id(t): path for recipe in recipes for t, path in recipe.resolve() if id(t) in ids}
 
 
 def _weak_listener(watcher: Watcher) -> backwards.Listener:

@@ -186,7 +186,7 @@ def test_a_world_whose_ranks_did_not_all_report_says_which_did_not() -> None:
 
 def test_a_rank_that_stepped_but_was_never_audited_is_named_as_not_checked() -> None:
     merged = _merge.merge(records(rank(0, boundaries=4, audits=2), rank(1, boundaries=4)))
-    assert "; no autograd graph outlived two step boundaries; not audited, so not checked: rank 1/2" in merged.text
+    assert "; no graph the watch followed outlived two step boundaries; not audited, so not checked: rank 1/2" in merged.text
 
 
 def _not_set_up(**fields: Any) -> dict[str, Any]:
@@ -298,7 +298,7 @@ def test_reports_are_written_whole_and_a_run_reads_only_its_own(tmp_path: Path) 
     assert [r.run for r in found.reports] == ["r1"] and found.problems == [] and found.others == {"r2": 2}
     assert _names.run_of(mine.name) == "r1" and not list(tmp_path.glob("*.tmp"))
     merged = _merge.merge(found.reports, found.problems)
-    assert not merged.raised and "no autograd graph outlived two step boundaries" in merged.text
+    assert not merged.raised and "no graph the watch followed outlived two step boundaries" in merged.text
 
 
 def test_a_file_named_for_this_run_that_carries_another_run_id_is_not_taken(tmp_path: Path) -> None:

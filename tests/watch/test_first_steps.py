@@ -22,6 +22,7 @@ from torch import nn
 import gradguard
 from gradguard._watch import threads as _threads
 from gradguard._watch import watcher as _watcher
+from gradguard._watch.governor import Governor
 
 TRAINER = textwrap.dedent(
     """
@@ -186,7 +187,7 @@ def test_detach_bounds_a_leak_on_steps_too_short_for_the_revisit_share(monkeypat
     clock = [0.0]
     for module in (_watcher, _threads):
         monkeypatch.setattr(module, "_clock", lambda: clock[0])
-    monkeypatch.setattr(_threads.ThreadState, "revisit_due", lambda self, now: False)
+    monkeypatch.setattr(Governor, "affords", lambda *args, **kwargs: False)  # nothing but the signals' first asks
 
     def run(watched: bool) -> tuple[list[int], list[torch.Tensor]]:
         torch.manual_seed(0)

@@ -274,7 +274,6 @@ def test_detach_repairs_in_place_with_the_gradients_of_the_hand_fixed_loop() -> 
     assert all(t.grad_fn is None for t in KEPT[:-2]) and KEPT[-1].grad_fn is not None
     assert all(r["loss"].grad_fn is None and r["out"][0].grad_fn is None for r in leaky.history[:-2])
     assert leaky.model.first_out.grad_fn is None
-    assert leaky.metrics["loss_sum"].grad_fn is not None  # the sum keeps growing, from a detached start
     adds = [n for n in _nodes(leaky.metrics["loss_sum"].grad_fn) if type(n).__name__ == "AddBackward0"]
     assert len(adds) < 5  # cut: the uncut sum of five steps has five
     holders = {row.site: row for row in gradguard.stats().values() if row.store == "audit"}

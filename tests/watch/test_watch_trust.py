@@ -489,9 +489,11 @@ def test_a_summary_says_what_the_all_clear_covers() -> None:
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), timeout=300)
     assert run.returncode == 0, run.stderr
     text = run.stdout
-    assert "7 step boundaries, 1 audited" in text  # the start-up check; no signal asked after it
-    assert "no autograd graph outlived two step boundaries" in text
-    assert "graph nodes stamped at backwards and audits were followed" in text
+    assert "7 step boundaries, 2 audited" in text  # the start-up check; no signal asked after it
+    assert "no graph the watch followed outlived two step boundaries" in text
+    assert "graph nodes stamped at backwards and audits" in text
+    # the all-clear says what it does not cover: a graph no signal sees waits for an audit
+    assert "found by an audit only: the last ran 5 step boundaries before the end" in text
 
 
 def test_a_per_step_str_keyed_dict_is_one_holder_and_warns_once() -> None:

@@ -1,0 +1,95 @@
+"""The governor: every second the watch spends in a process, charged to one budget.
+
+The watch's work is of two kinds. The constant-time work at every boundary and every backward (the
+stamps, the signals) is what following the graphs costs: it always runs and is charged. Everything
+else (audits and their heap searches, reading the holders found before, repairs, memory readings) runs
+only when a signal asks, and after the start-up check a request that is not the first of its signal, or
+that follows one that found nothing new, runs only when the account allows it: the time charged since
+the start-up check, plus the work's own estimated cost, within :data:`SHARE` of the wall time since the
+watch's first boundary. One account per watcher, whatever the threads: the share the summary states is
+its whole figure.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["BACKSTOP_SHARE", "SHARE", "Governor"]
+
+SHARE = 0.01
+"""The most of the wall time the watch's work may take after the start-up check: the whole of it, the
+boundaries' and backwards' constant-time work included, leaks and storms of old graphs included."""
+
+BACKSTOP_SHARE = SHARE / 10
+"""The part of :data:`SHARE` the backstop may take: audits no signal asked for, for graphs no signal sees."""
+
+
+class Governor:
+    """One watcher's account of its own time.
+
+    Args:
+        clock: The clock, in seconds (tests inject one).
+    """
+
+    __slots__ = ("_lock", "backwards", "clock", "signals", "spent", "started", "startup", "stamping")
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self.started: float | None = None
+        """When the first boundary was seen."""
+        self.spent = 0.0
+        """Seconds of work charged after the start-up check (audits, reads, repairs, readings)."""
+        self.startup = 0.0
+        """Seconds the start-up checks took."""
+        self.stamping = 0.0
+        """Seconds of constant-time work at backwards (charged without a lock: a lost update under
+        contention costs a rounding error, a lock on every backward costs more)."""
+        self.backwards = 0
+        """Backwards seen (their roots stamped)."""
+        self.signals = 0.0
+        """Seconds of constant-time work at boundaries (the signals, the boundary's bookkeeping)."""
+
+    def start(self, now: float) -> None:
+        """The first boundary was seen at ``now`` (later calls change nothing)."""
+        if self.started is None:
+            self.started = now
+
+    def charge(self, seconds: float, startup: bool = False) -> None:
+        """``seconds`` of work done (``startup``: by a start-up check, which the share does not count)."""
+        with self._lock:
+            if startup:
+                self.startup += seconds
+            else:
+                self.spent += seconds
+
+    def affords(self, estimate: float, now: float, share: float = SHARE) -> bool:
+        """Whether work estimated at ``estimate`` seconds fits ``share`` of the wall time since the start.
+
+        Args:
+            estimate: The work's expected cost (its last run's, or a comparable one's).
+            now: The clock's time.
+            share: The share it may use (:data:`SHARE`, or a part of it).
+
+        Returns:
+            ``True`` when the time charged so far plus ``estimate`` is within the share.
+        """
+        if self.started is None:
+            return False
+        return self.hot + self.spent + estimate <= share * (now - self.started)
+
+    @property
+    def hot(self) -> float:
+        """Seconds of constant-time work at backwards and boundaries."""
+        return self.stamping + self.signals
+
+    @property
+    def seconds(self) -> float:
+        """All the time charged: start-up checks, work, and the constant-time work."""
+        return self.startup + self.spent + self.hot
+
+    def elapsed(self) -> float:
+        """Wall time since the first boundary (0 before it)."""
+        return 0.0 if self.started is None else self.clock() - self.started

@@ -1,0 +1,101 @@
+"""The holders a watcher found leaking, followed by name: read again without a pass over the heap, and in
+``detach`` mode refilled (the dead graphs they took since, repaired).
+
+A leaking holder reached from a module global or from a running function's local is remembered as a
+:class:`~gradguard._watch.recipes.Recipe` (up to :data:`MOST`, the least recently found forgotten
+first). When the old-graph signal asks, these are read first; while a holder ``detach`` repaired keeps
+filling, its newest records are read at every boundary and their dead graphs repaired: the holder was
+judged a leak, and detaching a dead graph cannot change a gradient, so the record is not judged again
+and a leak the program keeps filling stays at about one step's records.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Hashable, Iterable
+
+from .._graph.liveness import Liveness
+from .._graph.stamps import oldest_below
+from .criterion import Leak
+from .recipes import Recipe
+from .records import Records, counted, measuring
+from .repair import repair
+from .threads import ThreadState
+
+__all__ = ["MOST", "Known"]
+
+MOST = 16
+"""Holders remembered by name; the least recently found is forgotten first."""
+
+
+class Known:
+    """The leaking holders found so far, by name."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._recipes: collections.OrderedDict[str, Recipe] = collections.OrderedDict()
+
+    def __bool__(self) -> bool:
+        return bool(self._recipes)
+
+    def recipes(self) -> list[Recipe]:
+        with self._lock:
+            return list(self._recipes.values())
+
+    def remember(self, leaks: Iterable[Leak]) -> None:
+        """The holders of ``leaks``, by name: read again at later boundaries without searching the heap."""
+        with self._lock:
+            for leak in leaks:
+                recipe = Recipe.of(leak.finding.paths[leak.leaking[0]])
+                if recipe is None:
+                    continue
+                self._recipes[recipe.key] = recipe
+                self._recipes.move_to_end(recipe.key)
+                while len(self._recipes) > MOST:
+                    self._recipes.popitem(last=False)
+
+    def refill(
+        self, state: ThreadState, recipes: list[Recipe], boundary: int, source: Hashable, records: Records
+    ) -> list[Recipe]:
+        """``detach``: the holders repaired before, read by name (their newest records), have the dead
+        graphs they took before this step repaired (one that may still be backwarded is left to the
+        audits). A record is aged by its own stamp (placed when a backward started from it, or when this
+        first saw it), or when it has none, by the oldest stamp in its graph. Returns the recipes of the
+        other holders. Call holding :data:`~gradguard._watch.audit.scan_lock`."""
+        repaired = records.repaired()
+        others = []
+        state.refilling = filling = False
+        ledger = state.ledger
+        for recipe in recipes:
+            if recipe.key not in repaired:
+                others.append(recipe)
+                continue
+            pairs = []
+            found = recipe.resolve(newer=True)
+            filling = filling or bool(found)  # it still holds graphs: read it again at the next boundary
+            for t, path in found:
+                stamp = ledger.stamp(t.grad_fn)
+                if stamp is not None:
+                    born: int | None = stamp.epoch
+                else:  # new here: as old as the oldest graph it holds (a running sum holds the last one)
+                    born = oldest_below([t.grad_fn], ledger).get(t.grad_fn)
+                    ledger.place(t.grad_fn, boundary - 1)  # made before this boundary, in this step at the latest
+                if born is not None and state.clock.survived(source, born) >= 1:
+                    pairs.append((t, path))
+            del found
+            if not pairs:
+                continue
+            tensors = [t for t, _ in pairs]
+            liveness = Liveness({t.grad_fn for t in tensors})
+            alive = [liveness.state(t.grad_fn).alive for t in tensors]
+            del liveness
+            if all(alive):
+                continue
+            measuring(state)
+            done = repair([path for _, path in pairs], tensors, alive)
+            del pairs, tensors
+            pinned, each = records.refilled(recipe.key, done.released)
+            counted(state, recipe.key, done, pinned, each * done.released)
+        state.refilling = state.refilling or filling
+        return others
