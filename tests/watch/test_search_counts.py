@@ -27,12 +27,7 @@ for step in range(6):
 """
 
 
-UNCOUNTED = pytest.mark.xfail(
-    strict=True, reason="raise mode: the audit's error leaves the search uncounted (gradguard/_watch/watcher.py)"
-)
-
-
-@pytest.mark.parametrize("mode", [pytest.param("raise", marks=UNCOUNTED), "warn"])
+@pytest.mark.parametrize("mode", ["raise", "warn"])
 def test_the_search_that_found_the_holder_is_counted_in_the_report(mode: str, tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(LEAKY)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRADGUARD")}
