@@ -1,4 +1,4 @@
-"""The audit and watch benchmarks (``benchmarks/audit``, ``benchmarks/watch.py``) run and write their
+"""The audit and watch benchmarks (``benchmarks/audit``, ``benchmarks/watch``) run and write their
 schema; the committed results carry their machine line. No timing is asserted here: the benchmarks
 measure, docs/benchmarks.md and ``benchmarks/results/`` report."""
 
@@ -46,6 +46,7 @@ def test_watch_benchmark_quick_run(tmp_path: Path) -> None:
     doc, md = _run(tmp_path, "watch", "--scenario", "pp-last-stage")
     assert doc["machine_line"] in md
     cases = {entry["case"]: entry for entry in doc["cases"]}
+    storms = {f"storm/{name}" for name in ("kept-exception", "cycles", "gc-off", "grad-fn-kept")}
     assert set(cases) == {
         "late/pp-last-stage",
         "late/pp-last-stage clean",
@@ -55,6 +56,11 @@ def test_watch_benchmark_quick_run(tmp_path: Path) -> None:
         "short-30",
         "fast/clean",
         "sawtooth",
+        "cost/clean-0.5ms",
+        "cost/clean-4mb",
+        *storms,
+        "library-leak/30",
+        "library-leak/60",
     }
     for name in ("late/pp-last-stage", "fast/eval-forward", "short-6", "short-30"):  # each leak is reported
         watched = cases[name]["watched"]
@@ -63,8 +69,30 @@ def test_watch_benchmark_quick_run(tmp_path: Path) -> None:
         watched = cases[name]["watched"]
         assert watched["holders"] == [] and watched["audits"] >= 1, name
         assert len(watched["memory"]) == watched["steps"] == len(cases[name]["unwatched"]["memory"])
+        assert watched["stamp_us"] > 0 and watched["boundary_us"] > 0 and watched["backwards"] >= watched["steps"]
+    for name, entry in cases.items():
+        if entry["kind"] not in ("cost", "library leak"):
+            continue
+        assert entry["pairs"] and entry["cpu"] > 0 and entry["wall"] > 0 and entry["step_ms"] > 0, name
+        for pair in entry["pairs"]:  # each pair: the same steps, unwatched and watched, timed both ways
+            plain, watched = pair["unwatched"], pair["watched"]
+            assert plain["steps"] == watched["steps"] == entry["steps"], name
+            assert plain["cpu_s"] > 0 and watched["wall_s"] > 0 and watched["boundaries"] == entry["steps"], name
+            assert watched["summary"].startswith("gradguard watch: "), name
+    for name in ("cost/clean-0.5ms", "cost/clean-4mb"):  # clean steps: nothing reported
+        assert all(pair["watched"]["holders"] == [] for pair in cases[name]["pairs"]), name
+    for name in ("library-leak/30", "library-leak/60"):  # a library's state: reported, never written
+        for pair in cases[name]["pairs"]:
+            watched = pair["watched"]
+            assert watched["reported_at"] is not None, name
+            assert [outcome for _, outcome in watched["holders"]] == ["not repairable"], name
+            assert watched["holders"][0][0].endswith(".metric.total"), name
+    assert cases["library-leak/60"]["shorter"]["steps"] == 30
+    assert doc["settings"]["quick"] and "MISSED" not in "".join(  # a quick run judges no ratio
+        line for line in md.splitlines() if "watched / unwatched" in line
+    )
     assert doc["floor"]["stamp_us"] > 0 and doc["floor"]["signals_us"] > 0  # the floor of the watch's own time
-    assert "The floor (the fast step, unwatched" in md
+    assert "The floor (the fast step, unwatched" in md and "floor (unwatched)" in md
 
 
 @pytest.mark.parametrize("name", ["audit-cpu", "watch-cpu"])

@@ -1,0 +1,176 @@
+"""What the watch costs, as ratios measured side by side: the same steps unwatched and under
+``gradguard.watch(mode="detach")``, alternating, several rounds, in CPU time and wall time; and the floor
+of its hot path.
+
+A cost case is a run of steps with no per-step reading of the benchmark's own (no memory figure, no timer
+around the watch's code): only the watch's work differs between the two runs of a pair. Each round
+runs one pair, the unwatched run first in even rounds and last in odd ones, so that a drift of the
+machine's speed falls on both sides.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import statistics
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+import gradguard
+
+from .loops import LEAKS, Extra, Fast, watch_figures
+
+__all__ = ["MIN_STEP_MS", "STORMS", "fast_cost", "floor", "late_cost", "side_by_side"]
+
+STORMS = ("kept-exception", "cycles", "gc-off", "grad-fn-kept")
+"""The cost storms: correct programs whose steps' graphs outlive the step (until the collector runs, or
+as nodes no tensor holds)."""
+
+
+MIN_STEP_MS = {"cost/clean-4mb": 10.0}
+"""The shortest unwatched step a case's target is stated for, in milliseconds."""
+
+
+def _timed(body: Callable[[], None], watched: bool, gc_off: bool = False) -> dict[str, Any]:
+    """``body()`` (the steps), unwatched or inside ``gradguard.watch(mode="detach")``: ``wall_s`` and
+    ``cpu_s`` of the whole (the watch's entry and exit included) and, watched, its figures. ``gc_off``:
+    the collector disabled for the run (re-enabled after it, whatever happens)."""
+    gc.collect()
+    if gc_off:
+        gc.disable()
+    try:
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        if watched:
+            with gradguard.watch(mode="detach") as scope:
+                body()
+        else:
+            body()
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    finally:
+        if gc_off:
+            gc.enable()
+    out: dict[str, Any] = {"wall_s": wall, "cpu_s": cpu}
+    if watched:
+        out.update(watch_figures(scope.watcher, wall))
+    return out
+
+
+def fast_cost(
+    device: torch.device, program: str | Extra, steps: int, watched: bool, prepare: Callable[[Fast], None] | None = None
+) -> dict[str, Any]:
+    """One run of ``steps`` fast steps of ``program`` (a name in :data:`~.loops.LEAKS`, or the step's
+    extra itself), after 3 warm-up steps; ``prepare(run)`` sets the program's state up before them."""
+    run = Fast(device)
+    extra = LEAKS[program] if isinstance(program, str) else program
+    for _ in range(3):
+        run.step(LEAKS["clean"], 0)
+    if prepare is not None:
+        prepare(run)
+
+    def body() -> None:
+        for n in range(1, steps + 1):
+            run.step(extra, n)
+
+    out = _timed(body, watched, gc_off=program == "gc-off")
+    out["steps"] = steps
+    run.close()
+    return out
+
+
+def late_cost(name: str, device: torch.device, steps: int, micro_batches: int, watched: bool) -> dict[str, Any]:
+    """One run of ``steps`` clean steps of ``gradguard bench``'s scenario ``name``, ``micro_batches`` a
+    step, after 2 warm-up steps (both sides inside the scenario's guarded scope, as the late cases run)."""
+    from gradguard._tools.bench.late_leak import LateLeak
+    from gradguard._tools.bench.scenarios import Size
+
+    run = LateLeak(name, device, Size(), start=None, micro_batches=micro_batches)
+    with run.scope():
+        for _ in range(2):
+            run.step()
+
+        def body() -> None:
+            for _ in range(steps):
+                run.step()
+
+        out = _timed(body, watched)
+    out["steps"] = steps
+    run.close()
+    return out
+
+
+def side_by_side(run: Callable[[bool], dict[str, Any]], rounds: int) -> dict[str, Any]:
+    """``rounds`` pairs of ``run(False)`` and ``run(True)``, alternating which goes first.
+
+    Returns:
+        ``pairs`` (each ``{"unwatched": ..., "watched": ..., "wall": ratio, "cpu": ratio}``), the median
+        ratios ``wall`` and ``cpu`` (watched over unwatched), and ``step_ms``: the median unwatched step.
+    """
+    pairs = []
+    for r in range(rounds):
+        order = (False, True) if r % 2 == 0 else (True, False)
+        got = {watched: run(watched) for watched in order}
+        plain, watched = got[False], got[True]
+        pairs.append(
+            {
+                "unwatched": plain,
+                "watched": watched,
+                "wall": watched["wall_s"] / plain["wall_s"],
+                "cpu": watched["cpu_s"] / max(plain["cpu_s"], 1e-9),
+            }
+        )
+    return {
+        "pairs": pairs,
+        "wall": statistics.median(p["wall"] for p in pairs),
+        "cpu": statistics.median(p["cpu"] for p in pairs),
+        "step_ms": statistics.median(1e3 * p["unwatched"]["wall_s"] / p["unwatched"]["steps"] for p in pairs),
+    }
+
+
+def cost_cases(
+    device: torch.device, scenario: str, clean_steps: int, mb_steps: int, storm_steps: int
+) -> Iterator[tuple[str, float, Callable[[bool], dict[str, Any]]]]:
+    """``(case, target ratio, run(watched))`` for the clean steps and the storms."""
+    yield "cost/clean-0.5ms", 1.02, lambda w: fast_cost(device, "clean", clean_steps, w)
+    yield "cost/clean-4mb", 1.003, lambda w: late_cost(scenario, device, mb_steps, 4, w)
+    for storm in STORMS:
+        yield f"storm/{storm}", 1.05, functools.partial(fast_cost, device, storm, storm_steps)
+
+
+def floor(device: torch.device, steps: int) -> dict[str, float]:
+    """The current design's minimum of the watch's hot path, timed inside the fast step, unwatched.
+
+    ``stamp_us``: one root's stamp at its barest: reading a fresh loss's ``grad_fn`` (the first read
+    creates its Python object) and putting one shared token in its ``metadata`` dict. ``signals_us``:
+    the boundary's barest signals: torch's node counter, 4 parameters' ``Tensor._use_count()`` and one
+    weak reference's dereference. Microseconds per step, each (the timer's own read included, as in the
+    watch's account)."""
+    run = Fast(device)
+    key, token = object(), type("Token", (), {})()
+    ref = weakref.ref(token)
+    params = list(run.model.parameters())[:4]
+    use_count = getattr(torch.Tensor, "_use_count")  # noqa: B009  private: not in torch's stubs
+    stamp = signals = 0.0
+    warm = 50
+    for n in range(warm + steps):
+        loss = run.model(torch.randn(64, 128, device=device)).pow(2).mean()
+        loss.backward()
+        a = time.perf_counter()
+        loss.grad_fn.metadata[key] = token
+        b = time.perf_counter()
+        run.opt.step()
+        run.opt.zero_grad()
+        c = time.perf_counter()
+        torch.autograd._get_sequence_nr()
+        for p in params:
+            use_count(p)
+        ref()
+        d = time.perf_counter()
+        if n >= warm:
+            stamp += b - a
+            signals += d - c
+    run.close()
+    return {"stamp_us": 1e6 * stamp / steps, "signals_us": 1e6 * signals / steps, "steps": steps}

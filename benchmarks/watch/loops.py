@@ -1,0 +1,233 @@
+"""The training loops the benchmark watches, what they keep, and one run's figures.
+
+Every run is ``gradguard.watch(mode="detach")`` with no other argument (``every="auto"``), or the same
+steps unwatched. What a run keeps lives in :data:`PROGRAM`, a stand-in for the training script: gradguard
+neither searches its own objects for holders nor repairs them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import sys
+import time
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+import gradguard
+from gradguard._tools.bench.late_leak import LateLeak
+from gradguard._tools.bench.scenarios import Size
+from gradguard._watch.allocated import AllocatedReader
+
+__all__ = ["LEAKS", "PROGRAM", "Extra", "Fast", "Memory", "fast_run", "late_run", "loop", "watch_figures"]
+
+PROGRAM = types.ModuleType("gradguard_watch_benchmark", "the training script of the benchmark's runs")
+sys.modules[PROGRAM.__name__] = PROGRAM  # what the runs keep lives here: the program's state, not gradguard's
+
+
+class Memory:
+    """The bytes in use on the run's device after each step (glibc's in-use bytes on CPU, CUDA's allocated)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.read = AllocatedReader(cpu="mallinfo2" if device.type == "cpu" else "off", cuda=device.type == "cuda")
+        self.key = "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
+        self.device = device
+
+    def __call__(self) -> int:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return self.read().get(self.key, 0)
+
+
+class Fast:
+    """The fast step: an MLP 128 wide, batch 64, Adam (about half a millisecond on a CPU core); what the
+    program keeps lives in ``state``, registered in :data:`PROGRAM` until :meth:`close`."""
+
+    def __init__(self, device: torch.device, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.device = device
+        self.start = 0
+        self.model = nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 1)).to(device)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3)
+        self.state = types.SimpleNamespace(kept=[], buffer=[], running={"epoch_loss": 0.0}, total=0.0, grad_fns=[])
+        self.name = f"run{id(self)}"
+        vars(PROGRAM)[self.name] = self.state
+
+    def step(self, extra: Extra, number: int) -> None:
+        """One step: forward, backward, ``extra`` (what the program does with the step), optimizer step."""
+        x = torch.randn(64, 128, device=self.device)
+        out = self.model(x)
+        loss = out.pow(2).mean()
+        loss.backward()
+        extra(self, number, loss, out)
+        self.opt.step()
+        self.opt.zero_grad()
+
+    def close(self) -> None:
+        """Drop the run's state from the program: what it kept is released."""
+        vars(PROGRAM).pop(self.name, None)
+
+
+Extra = Callable[[Fast, int, torch.Tensor, torch.Tensor], None]
+"""What the program does with a step: ``(run, step number, loss, output)``, after the backward."""
+
+LEAKS: dict[str, Extra] = {}
+"""The programs by name: leaks, clean runs and the cost storms."""
+
+
+def _program(name: str) -> Callable[[Extra], Extra]:
+    def register(fn: Extra) -> Extra:
+        LEAKS[name] = fn
+        return fn
+
+    return register
+
+
+def _eval_forward(run: Fast) -> None:
+    run.state.kept.append(run.model(torch.randn(64, 128, device=run.device)))  # no torch.no_grad(): the bug
+
+
+@_program("clean")
+def _clean(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None:
+    pass
+
+
+@_program("eval-forward")
+def _eval_from(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None:
+    if step >= run.start:
+        _eval_forward(run)
+
+
+@_program("growth-then-leak")
+def _growth_then_leak(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None:
+    if step <= 300:
+        run.state.buffer.append(torch.randn(64, 128, device=run.device))  # detached: legitimate growth
+    if step >= run.start:
+        _eval_forward(run)
+
+
+@_program("sawtooth")
+def _sawtooth(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None:
+    run.state.buffer.append(torch.randn(64, 128, device=run.device))
+    if step % 50 == 0:
+        run.state.buffer.clear()
+
+
+@_program("running-loss")
+def _running_loss(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None:
+    run.state.running["epoch_loss"] += loss  # the bug: the loss with its graph
+
+
+@_program("metric")
+def _metric(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None:
+    run.state.total = run.state.total + (out - 1).pow(2).sum()  # the bug: the output's graph, every step
+
+
+@_program("kept-exception")
+def _kept_exception(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None:
+    try:
+        raise ValueError(f"step {step}: a caught, kept exception")
+    except ValueError as e:
+        last = e  # noqa: F841  the frame holds it, its traceback the frame: a cycle that holds ``out``
+
+
+@_program("cycles")
+def _cycles(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None:
+    a: dict[str, Any] = {}
+    a["self"] = a
+    a["out"] = out  # held, with its graph, until the collector runs
+
+
+@_program("gc-off")
+def _gc_off(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None:
+    _cycles(run, step, loss, out)
+    if step % 50 == 0:
+        gc.collect()  # the program's manual collection (the run disables the collector)
+
+
+@_program("grad-fn-kept")
+def _grad_fn_kept(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None:
+    run.state.grad_fns.append(loss.grad_fn)  # nodes no tensor holds
+
+
+def fast_run(device: torch.device, leak: str, steps: int, start: int, watched: bool) -> dict[str, Any]:
+    """``steps`` fast steps of program ``leak`` (from step ``start`` where it starts), after 3 warm-up steps."""
+    run = Fast(device)
+    run.start = start
+    memory = Memory(device)
+    for _ in range(3):  # warm-up, unwatched, before the run's state exists: lazy initialisation
+        run.step(_clean, 0)
+    return loop(lambda n: run.step(LEAKS[leak], n), steps, memory, watched, run.close)
+
+
+def late_run(
+    name: str, device: torch.device, steps: int, start: int | None, watched: bool, micro_batches: int
+) -> dict[str, Any]:
+    """``steps`` steps of ``gradguard bench``'s scenario ``name`` that keep each step's loss from ``start``."""
+    run = LateLeak(name, device, Size(), start=start, micro_batches=micro_batches)
+    memory = Memory(device)
+    with run.scope():
+        for _ in range(2):
+            run.step()  # warm-up
+        run.start = None if start is None else start + 2  # count the leak's start from the measured steps
+        return loop(lambda n: run.step(), steps, memory, watched, run.close)
+
+
+def loop(
+    step: Callable[[int], object], steps: int, memory: Memory, watched: bool, close: Callable[[], None]
+) -> dict[str, Any]:
+    """Run ``step(1..steps)``, reading ``memory`` after each: ``steps``, ``wall_s``, ``memory`` and, when
+    ``watched``, :func:`watch_figures`."""
+    gc.collect()
+    figures: list[int] = []
+    scope = gradguard.watch(mode="detach") if watched else contextlib.nullcontext()
+    start = time.perf_counter()
+    with scope:
+        for n in range(1, steps + 1):
+            step(n)
+            figures.append(memory())
+    wall = time.perf_counter() - start
+    out: dict[str, Any] = {"steps": steps, "wall_s": wall, "memory": figures}
+    if watched:
+        out.update(watch_figures(scope.watcher, wall))  # type: ignore[union-attr]
+    close()
+    gc.collect()
+    return out
+
+
+def watch_figures(w: Any, wall: float) -> dict[str, Any]:
+    """What a watcher did in a run of ``wall`` seconds, by the governor's account (no timer of the
+    benchmark's own around the watch's code: it would add its cost).
+
+    ``share_after_start``: the watch's whole time after the start-up check (audits, reads, repairs,
+    stamps and signals) over the wall time after it; ``own_share``: ``own_seconds`` over the wall time;
+    ``stamp_us``: microseconds per backward's roots stamped; ``boundary_us``: microseconds of the
+    constant-time work per boundary."""
+    g = w._governor
+    history = w.history()
+    after = max(wall - g.startup, 1e-9)
+    return {
+        "reported_at": min((e.found_at for e in history), default=None),
+        "holders": [(e.holder, e.outcome) for e in history],
+        "audits": w.audits,
+        "searches": w.searches,
+        "memory_audits": w.memory_audits,
+        "boundaries": w.boundaries,
+        "backwards": g.backwards,
+        "audit_s": w.audit_seconds,
+        "read_s": w.read_seconds,
+        "startup_s": g.startup,
+        "spent_s": g.spent,
+        "stamping_s": g.stamping,
+        "signals_s": g.signals,
+        "own_s": w.own_seconds,
+        "own_share": w.own_seconds / max(wall, 1e-9),
+        "share_after_start": (g.spent + g.stamping + g.signals) / after,
+        "stamp_us": 1e6 * g.stamping / max(1, g.backwards),
+        "boundary_us": 1e6 * g.signals / max(1, w.boundaries),
+        "summary": w.summary(),
+    }
