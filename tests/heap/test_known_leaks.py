@@ -5,7 +5,10 @@ folder of ``sys.path`` (``--target``) counted as installed."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,8 @@ from gradguard._heap import installed
 from gradguard._heap.known_leaks import KNOWN_LEAKS, KnownLeak
 from gradguard._tools.doctor import known_leak_lines
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "known-leaks.md"
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "reference" / "known-leaks.md"
 
 _DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
@@ -115,3 +119,18 @@ def test_a_folder_pip_installed_into_is_a_library_dir_and_a_source_tree_is_not(
         assert str((tmp_path / "src").resolve()) + "/" not in dirs
     finally:
         installed.library_dirs.cache_clear()
+
+
+def test_gradguard_doctor_names_the_installed_known_leak_before_the_engines(tmp_path: Path) -> None:
+    """The command itself, in a fresh interpreter that sees a torchmetrics 0.7.2 installed (its metadata)."""
+    folder = _dist_info(tmp_path / "site", "torchmetrics", "0.7.2")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRADGUARD")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(folder)])
+    run = subprocess.run(
+        [sys.executable, "-m", "gradguard", "doctor"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    [at] = [i for i, line in enumerate(lines) if line.startswith("known leak: torchmetrics 0.7.2 installed: ")]
+    assert at < min(i for i, line in enumerate(lines) if line.startswith("engine "))
+    assert "fixed in 0.7.3: upgrade" in lines[at]
