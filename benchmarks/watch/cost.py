@@ -107,7 +107,9 @@ def side_by_side(run: Callable[[bool], dict[str, Any]], rounds: int) -> dict[str
 
     Returns:
         ``pairs`` (each ``{"unwatched": ..., "watched": ..., "wall": ratio, "cpu": ratio}``), the median
-        ratios ``wall`` and ``cpu`` (watched over unwatched), and ``step_ms``: the median unwatched step.
+        ratios ``wall`` and ``cpu`` (watched over unwatched), ``step_ms``: the median unwatched step, and
+        ``extra_us``: the median pair's extra CPU time per step, and ``extra_us_after_start``: the same
+        with the start-up check's seconds taken off (what a longer run pays a step, that fixed cost aside).
     """
     pairs = []
     for r in range(rounds):
@@ -127,7 +129,15 @@ def side_by_side(run: Callable[[bool], dict[str, Any]], rounds: int) -> dict[str
         "wall": statistics.median(p["wall"] for p in pairs),
         "cpu": statistics.median(p["cpu"] for p in pairs),
         "step_ms": statistics.median(1e3 * p["unwatched"]["wall_s"] / p["unwatched"]["steps"] for p in pairs),
+        "extra_us": statistics.median(1e6 * _extra(p) / p["unwatched"]["steps"] for p in pairs),
+        "extra_us_after_start": statistics.median(
+            1e6 * (_extra(p) - p["watched"]["startup_s"]) / p["unwatched"]["steps"] for p in pairs
+        ),
     }
+
+
+def _extra(pair: dict[str, Any]) -> float:
+    return float(pair["watched"]["cpu_s"] - pair["unwatched"]["cpu_s"])
 
 
 def cost_cases(

@@ -215,6 +215,8 @@ COST_HEADER = (
     "audits",
     "searches",
     "own share",
+    "extra CPU per step",
+    "the same, start-up aside",
     "us per root stamp",
     "us per boundary",
 )
@@ -243,13 +245,15 @@ def cost_rows(entries: Sequence[dict[str, Any]], floor: dict[str, float] | None)
                 "/".join(str(x["audits"]) for x in ws),
                 "/".join(str(x["searches"]) for x in ws),
                 f"{med([x['own_share'] for x in ws]):.3%}",
+                f"{e['extra_us']:.1f} us",
+                f"{e['extra_us_after_start']:.1f} us",
                 f"{med([x['stamp_us'] for x in ws]):.2f}",
                 f"{med([x['boundary_us'] for x in ws]):.2f}",
             )
         )
     if floor is not None:
         rows.append(
-            ("floor (unwatched)", str(floor["steps"]), "", "", "", "", "", "", "", "", "",
+            ("floor (unwatched)", str(floor["steps"]), "", "", "", "", "", "", "", "", "", "", "",
              f"{floor['stamp_us']:.2f}", f"{floor['signals_us']:.2f}")
         )  # fmt: skip
     return rows
@@ -291,7 +295,8 @@ def markdown(doc: dict[str, Any], intro: str) -> str:
         f"{intro}\n{table}\n\n"
         f"What the watch costs, side by side ({doc['settings']['rounds']} rounds of an unwatched and a watched "
         f"run, alternating; ratios: the median pair's, watched over unwatched; the watched runs' figures by "
-        f"the watch's own account, audits and searches per run):\n\n{cost}\n\n"
+        f"the watch's own account, audits and searches per run; the extra CPU time per step, the median pair's, "
+        f"and the same with the start-up check's seconds taken off: what a longer run pays a step):\n\n{cost}\n\n"
         f"{checks}\n"
         + (f"\n{floor_text(doc['floor'])}\n" if "floor" in doc else "")
         + f"\nThe watch's summary line of each case (its first watched run):\n\n{_summaries(doc['cases'])}\n"
