@@ -90,10 +90,10 @@ class Ledger:
     """The stamps one watcher placed for one thread's boundaries, by epoch.
 
     :meth:`place` stamps a node (once; ``refresh=True`` moves it to a later epoch's *used* stamp);
-    :meth:`stamp_roots` is the same for a backward's roots, on the hot path. :meth:`old` gives the
+    :meth:`stamp_roots` is the same for a backward's roots, on the hot path. :meth:`oldest_alive` gives the
     earliest epoch up to a boundary whose counted stamp is alive, reading a weak reference per epoch
     once it is old, then only the earliest one still alive: it costs the same on any heap and
-    whatever the number of nodes. :meth:`explain` stops counting a node whose graph was judged.
+    whatever the number of nodes. :meth:`judged` stops counting a node whose graph was judged.
     :meth:`settle` sets the horizon at or below which old stamps were looked at by an audit.
     """
 
@@ -181,7 +181,7 @@ class Ledger:
         token.sequences.append(key)
         return True
 
-    def explain(self, node: Any) -> None:
+    def judged(self, node: Any) -> None:
         """Stop counting ``node``'s stamp (its graph was judged); it keeps its epoch."""
         metadata = metadata_of(node)
         found = None if metadata is None else metadata.get(self.key)
@@ -202,13 +202,13 @@ class Ledger:
     # --- reading ----------------------------------------------------------------------------------
 
     def due(self, through: int) -> bool:
-        """Whether :meth:`old` has anything to look at up to ``through`` (else it would say ``None``)."""
+        """Whether :meth:`oldest_alive` has anything to look at up to ``through`` (else it would say ``None``)."""
         if self._old:
             return True
         buckets = self._buckets
         return bool(buckets) and next(iter(buckets)) <= through
 
-    def old(self, through: int) -> int | None:
+    def oldest_alive(self, through: int) -> int | None:
         """The earliest epoch in ``(horizon, through]`` whose counted stamp is alive, or ``None``."""
         with self._lock:
             self._age(through)
@@ -221,7 +221,8 @@ class Ledger:
             return None
 
     def settle(self, horizon: int) -> None:
-        """Stamps of epochs up to ``horizon`` were looked at by an audit: :meth:`old` no longer asks about them."""
+        """Stamps of epochs up to ``horizon`` were looked at by an audit: :meth:`oldest_alive` no longer asks
+        about them."""
         with self._lock:
             if horizon < self.horizon:
                 back = [r for r in self._settled if (s := r()) is not None and s.epoch > horizon]

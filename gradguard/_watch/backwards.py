@@ -6,8 +6,9 @@ autograd engine themselves (Megatron-core's ``custom_backward``). While a listen
 that attribute is a ``wrapt.ObjectProxy`` of the engine whose ``run_backward`` calls each listener
 with the root tensors, then the engine; everything else (``queue_callback``,
 ``is_checkpoint_valid``) goes to the engine untouched. A listener's exception is swallowed (seeing a
-backward must never change it) and counted (:func:`failures`), for the watch's summary to say. When the last listener leaves, the engine object is put back exactly,
-unless someone else replaced the attribute since (then the proxy stays, passing every call through).
+backward must never change it) and counted (:func:`failures`), for the watch's summary to say. When
+the last listener leaves, the engine object is put back exactly, unless someone else replaced the
+attribute since (then the proxy stays, passing every call through).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from .._graph.liveness import Liveness
 from .._graph.stamps import oldest_below
 from .criterion import Leak
 from .recipes import Recipe
-from .records import Records, counted, measuring
+from .records import Records, count_repair, measure_before_repairs
 from .repair import repair
 from .threads import ThreadState
 
@@ -92,10 +92,10 @@ class Known:
             del liveness
             if all(alive):
                 continue
-            measuring(state)
+            measure_before_repairs(state)
             done = repair([path for _, path in pairs], tensors, alive)
             del pairs, tensors
             pinned, each = records.refilled(recipe.key, done.released)
-            counted(state, recipe.key, done, pinned, each * done.released)
+            count_repair(state, recipe.key, done, pinned, each * done.released)
         state.refilling = state.refilling or filling
         return others

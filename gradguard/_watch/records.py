@@ -107,7 +107,7 @@ class Records:
                     entry.released_bytes += (before - after) * (estimate or 1) // total
 
 
-def measuring(state: ThreadState) -> None:
+def measure_before_repairs(state: ThreadState) -> None:
     """Read the memory in use before the first repair since :meth:`Records.measure_repairs` last ran."""
     if state.repairing is None:
         before = in_use()
@@ -115,7 +115,7 @@ def measuring(state: ThreadState) -> None:
             state.repairing = (before, {})
 
 
-def counted(state: ThreadState, key: str, done: Repair, pinned: int, estimate: int) -> None:
+def count_repair(state: ThreadState, key: str, done: Repair, pinned: int, estimate: int) -> None:
     """A repair of holder ``key`` counted in :func:`gradguard.stats`, its holder read again at the next
     boundary, and ``estimate`` (the bytes it should give back) added to what the memory measured is
     shared by."""

@@ -168,7 +168,7 @@ class Schedule:
             self.started = now
             self.governor.start(now)
         elif old is None and not held and now < self._quiet_until and self.startup < boundary < self._retry_due:
-            return None  # the common boundary: no signal, nothing due on time (see _settle)
+            return None  # the common boundary: no signal, nothing due on time (see _plan_quiet)
         hunting = self.every != "auto"
         if boundary > self.startup and hunting and boundary % self.every:  # type: ignore[operator]
             return None
@@ -195,7 +195,7 @@ class Schedule:
             self._trigger.declined()
         if self._backstop(now, boundary):
             return "time"
-        self._settle()
+        self._plan_quiet()
         return None
 
     def _backstop(self, now: float, boundary: int) -> bool:
@@ -225,15 +225,15 @@ class Schedule:
             return True  # it grew twice as far as at its last audit: a leak costs audits logarithmic in its growth
         return boundary >= signal.next_at and self.governor.affords(signal.cost or self.estimate(), now)
 
-    def _settle(self) -> None:
+    def _plan_quiet(self) -> None:
         """When the next boundary without a signal can be skipped at once: until the memory figure or the
         backstop is due (hunting checks only its every-th boundaries), and before a retry is due."""
         if self.every != "auto":
             self._quiet_until, self._retry_due = -math.inf, 1 << 62
             return
-        if self.started is None or self.governor.started is None:
-            return
         g = self.governor
+        if self.started is None or g.started is None:
+            return
         backstop = g.started + (g.hot + g.spent + self.estimate()) / BACKSTOP_SHARE
         reading = self._reader.next_due() if self._reader is not None else math.inf
         self._quiet_until = min(backstop, reading)
@@ -288,7 +288,7 @@ class Schedule:
         if self._trigger is not None:
             self._trigger.audited(new)
         self.held.audited(new)
-        self._settle()
+        self._plan_quiet()
 
     def handled(self, reason: Reason, boundary: int, cost: float, *, new: bool, pending: bool = False) -> None:
         """A signal's request was handled at ``boundary`` at ``cost`` (an audit, or a read of the holders

@@ -23,7 +23,7 @@ from .._graph.stamps import USED, Ledger, metadata_of, node_key
 from .criterion import Clock
 from .schedule import Schedule
 
-__all__ = ["DEEP_NODES", "DEEP_SHARE", "STAMP_FIRST", "Held", "ThreadState", "arm", "stamp_backward"]
+__all__ = ["DEEP_NODES", "DEEP_SHARE", "STAMP_FIRST", "ParameterCount", "ThreadState", "arm", "stamp_backward"]
 
 DEEP_SHARE = 0.002
 """The most of the wall time stamping the nodes nearest below a backward's roots (up to
@@ -39,7 +39,7 @@ DEEP_NODES = 32
 _clock = time.perf_counter
 
 
-class Held:
+class ParameterCount:
     """One optimizer's parameters' reference count (:mod:`gradguard._graph.held`), as the schedule takes it:
     by name, and only when it changed (a count that does not move asks for nothing)."""
 
@@ -97,7 +97,7 @@ class ThreadState:
         self.stepped: set[Hashable] = set()  # the sources already stepped since that counter last moved
         self.first: Hashable = None  # the source that ticked the last boundary
         self.partners: dict[Hashable, set[Hashable]] = {}  # per source, the others that stepped at its boundaries
-        self.held: dict[Hashable, Held] = {}
+        self.held: dict[Hashable, ParameterCount] = {}
         self.promotions: tuple[int, int] | None = None  # the collector's at the end of the last audit
         self.busy = False
         self.deep = _Rate(DEEP_SHARE)  # when to stamp below the roots next
@@ -124,18 +124,18 @@ class _Rate:
         self.next = end + min(self.costs) / self.share
 
 
-def stamp_backward(state: ThreadState, nodes: Sequence[Any], *, hunting: bool) -> None:
+def stamp_backward(state: ThreadState, nodes: Sequence[Any], *, whole_graph: bool) -> None:
     """At the start of a backward from ``nodes`` (its roots' nodes): every root is stamped (one stamped
     before moves to now: its graph is in use again), and when due (see :data:`DEEP_SHARE`) the nodes
-    nearest below the new ones (the whole graph when ``hunting``)."""
+    nearest below the new ones (the whole graph when ``whole_graph``: with ``every=N``)."""
     epoch = state.clock.boundaries
     ledger = state.ledger
     new = ledger.stamp_roots(nodes, epoch)
     state.backwards += 1
     if not new:
         return
-    if hunting or epoch < STAMP_FIRST:
-        _stamp_below(new, ledger, epoch, None if hunting else DEEP_NODES)
+    if whole_graph or epoch < STAMP_FIRST:
+        _stamp_below(new, ledger, epoch, None if whole_graph else DEEP_NODES)
         return
     start = _clock()
     if start >= state.deep.next:

@@ -12,43 +12,31 @@ design: ``docs/how-it-works.md``.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 import torch
 
-from .._errors import GradGuardError, GraphRetentionError, GraphRetentionWarning
-from .._graph.liveness import Liveness
-from .._graph.stamps import Ledger, oldest_below, roots_of
-from .._heap.census import live_graph_tensors, promotions
-from .._heap.paths import Path
-from .._policy import stats as _stats
-from .._policy.modes import DETACH, OFF, RAISE, WARN, Mode, normalize_mode, resolve
-from .._policy.site import user_frame, warn_at
+from .._errors import GradGuardError
+from .._graph.stamps import Ledger, roots_of
+from .._heap.census import promotions
+from .._policy.modes import DETACH, OFF, Mode, normalize_mode, resolve
 from . import backwards
-from .audit import Ignore, RetentionReport, check_ignore, scan_lock, scan_tensors
-from .criterion import Leak, ages, judge
+from .audit import Ignore, RetentionReport, check_ignore
+from .auditing import Auditor
 from .governor import Governor
 from .known import Known
-from .messages import raise_message, unrepaired_message, warn_message
 from .options import Every, parse_every, parse_memory
-from .records import STORE, Records, counted, measuring, memory_clause
-from .repair import REPAIRED, repair
+from .records import STORE, Records, memory_clause
 from .schedule import Reason, Schedule
-from .summary import BOUNDED, HolderHistory, WatchFigures, render
-from .threads import Held, ThreadState, arm, stamp_backward
+from .summary import HolderHistory, WatchFigures, render
+from .threads import ParameterCount, ThreadState, stamp_backward
 from .trigger import TriggerSettings
 
 __all__ = ["STORE", "Every", "HolderHistory", "Watcher"]
-
-OPTIMIZER_RESCAN = 30.0
-"""Seconds between two looks for live optimizers in the heap (at an audit): a graph that reaches no
-known optimizer's parameters is judged at every boundary. Every optimizer that steps is known at once."""
 
 _clock = time.perf_counter
 
@@ -97,8 +85,7 @@ class Watcher:
         self._records = Records()
         self._known = Known()
         self._governor = Governor(_clock)
-        self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # the live optimizers known
-        self._rescan_at = 0.0
+        self._auditor = Auditor(self._ignore, self._records, self._known, self._governor, self._boundaries)
         self._states: list[ThreadState] = []
         self._primary: ThreadState | None = None  # the state of the thread that stepped last
         self._entry = 0  # entries of the watch (starts): each one's first boundaries are a start-up check
@@ -145,7 +132,7 @@ class Watcher:
             else:
                 if not state.clock.boundaries and self._primary is not None:
                     state = self._primary  # a thread that never stepped feeds the optimizer of one that does
-            stamp_backward(state, nodes, hunting=self.every != "auto")
+            stamp_backward(state, nodes, whole_graph=self.every != "auto")
         governor = self._governor
         governor.stamping += _clock() - start
         governor.backwards += 1
@@ -222,7 +209,7 @@ class Watcher:
             return None
         ledger = state.ledger
         through = boundary - state.schedule.old
-        old = ledger.old(through) if ledger.due(through) else None
+        old = ledger.oldest_alive(through) if ledger.due(through) else None
         count = held.read()
         changed = None
         if count is not None and count != held.last:
@@ -234,24 +221,27 @@ class Watcher:
             sources, optimizers = self._judging(state, source, optimizers)
         else:
             sources = (source,)
-        if reason in ("old", "retry") and self.every == "auto" and self._known and self._revisit(
-            state, boundary, sources, optimizers, mode
+        if (
+            reason in ("old", "retry")
+            and self.every == "auto"
+            and self._known
+            and self._auditor.revisit(state, boundary, sources, optimizers, mode)
         ):
             reason = None  # every old graph was in a holder found before, and was acted on by name
             self._records.measure_repairs(state)
         elif reason is None and mode == DETACH and self._known and state.refilling:
             # a holder repaired before fills again: while it does, at every boundary
-            self._revisit(state, boundary, sources, optimizers, mode, only_refill=True)
+            self._auditor.revisit(state, boundary, sources, optimizers, mode, only_refill=True)
             self._records.measure_repairs(state)
         if reason is None:
             return None
         return self._run_audit(state, boundary, reason, sources, optimizers, mode)
 
-    def _meet(self, state: ThreadState, source: Hashable, optimizers: tuple[Any, ...]) -> Held:
+    def _meet(self, state: ThreadState, source: Hashable, optimizers: tuple[Any, ...]) -> ParameterCount:
         """This optimizer's first boundary in this thread."""
-        held = state.held[source] = Held(optimizers)
+        held = state.held[source] = ParameterCount(optimizers)
+        self._auditor.met(optimizers)
         with self._lock:
-            self._optimizers.update(optimizers)
             self._governor.start(_clock())
         return held
 
@@ -293,7 +283,7 @@ class Watcher:
             # generations hold, unless one was promoted since.
             since = self._promotions if boundary <= 1 else state.promotions
             young = reason == "start" and since is not None and promotions() == since
-            return self._audit(state, boundary, sources, optimizers, mode, young, searched)
+            return self._auditor.audit(state, boundary, sources, optimizers, mode, young, searched)
         except BaseException as error:
             raised = error
             report = getattr(error, "report", None)
@@ -338,189 +328,6 @@ class Watcher:
                 self._states.append(state)
         return state
 
-    # ---------------------------------------------------------------------------------------------
-    # Audits
-
-    def _audit(
-        self,
-        state: ThreadState,
-        boundary: int,
-        sources: tuple[Hashable, ...],
-        optimizers: tuple[Any, ...],
-        mode: Mode,
-        young: bool,
-        searched: list[bool],
-    ) -> RetentionReport:
-        """Every graph alive now, aged by its stamps; when one is old, the holders of the stamped ones are
-        searched for, judged and acted on. ``young``: only what the collector's young generations hold
-        (the start-up check, when nothing made since the watcher started can be older). ``searched``
-        receives whether the heap was searched for holders."""
-        with scan_lock:
-            found: list[Any] | None = None
-            now = _clock()
-            with self._lock:
-                if now >= self._rescan_at and not young:  # the optimizers made before the watch, or since
-                    found, self._rescan_at = [], now + OPTIMIZER_RESCAN
-            views: list[Any] = []
-            tensors = live_graph_tensors(set(), found, young, views)
-            with self._lock:
-                self._optimizers.update(found or ())
-            model = set(views)
-            for node in model:  # the model's own nodes have no age of their own
-                state.ledger.explain(node)
-            del views
-            born_at = ages(tensors, state.ledger, model)
-            for t in tensors:  # what is alive now is followed from here on
-                state.ledger.place(t.grad_fn, boundary - 1)
-            survived = _survived(state, sources)
-            # When a graph is old, every stamped one is searched for: a list's current record shows it grows.
-            stamped = [t for t in tensors if id(t) in born_at]
-            del tensors
-            search = any(survived(born_at[id(t)].born) >= 1 for t in stamped)
-            searched.append(search)
-            leaks = self._settle(state, boundary, sources, optimizers, stamped, born_at, {}, model, search=search)
-            del stamped, model
-        return self._act(leaks, mode, user_frame())
-
-    def _revisit(
-        self,
-        state: ThreadState,
-        boundary: int,
-        sources: tuple[Hashable, ...],
-        optimizers: tuple[Any, ...],
-        mode: Mode,
-        only_refill: bool = False,
-    ) -> bool:
-        """Read the holders found before by name (no heap pass), stamp what they took since, and act on
-        their old graphs; whether that accounted for every old graph the signal saw. In ``detach`` mode,
-        while the holders repaired before keep filling, this runs at every boundary (``only_refill``:
-        those alone), so they stay bounded."""
-        recipes = self._known.recipes()
-        if not recipes:
-            return False
-        start = _clock()
-        with scan_lock:
-            if mode == DETACH:
-                recipes = self._known.refill(state, recipes, boundary, sources[0], self._records)
-            if only_refill:
-                recipes = []
-            pairs = [pair for recipe in recipes for pair in recipe.resolve()]
-            tensors = [t for t, _ in pairs]
-            known = {id(t): path for t, path in pairs}
-            del pairs
-            for t in tensors:  # what the holder took since it was last read is followed from here on
-                state.ledger.place(t.grad_fn, boundary - 1)
-            born_at = ages(tensors, state.ledger)
-            survived = _survived(state, sources)
-            leaks: list[Leak] = []
-            if any(survived(age.born) >= 1 for age in born_at.values()):
-                leaks = self._settle(state, boundary, sources, optimizers, tensors, born_at, known, partial=True)
-            del tensors, known
-        cost = _clock() - start
-        self._governor.charge(cost)
-        if leaks:
-            self._act(leaks, mode, user_frame())
-        accounted = state.ledger.old(boundary - state.schedule.old) is None
-        if not only_refill:
-            state.schedule.handled("old", boundary, cost, new=False)
-        return accounted
-
-    def _settle(
-        self,
-        state: ThreadState,
-        boundary: int,
-        sources: tuple[Hashable, ...],
-        optimizers: tuple[Any, ...],
-        tensors: list[torch.Tensor],
-        born_at: dict[int, Any],
-        known: dict[int, Path],
-        model: set[Any] | None = None,
-        partial: bool = False,
-        search: bool = True,
-    ) -> list[Leak]:
-        """Judge the holders of ``tensors`` (stamped graphs; ``known``: paths already found), note the
-        bounded ones, and settle what the constant-time signal looks at from now on: the leaks' old stamps
-        stop counting, graphs that may still become leaks keep it asking. ``partial``: ``tensors`` are
-        some holders' only (a revisit), not everything alive. ``search``: whether to search for their holders
-        at all (not when none of them is old yet: they may all still become leaks). Call holding
-        :data:`scan_lock`."""
-        ledger = state.ledger
-        horizon = boundary - state.schedule.old
-        leaks: list[Leak] = []
-        lost: list[torch.Tensor] = []
-        if tensors and not search:
-            horizon = min(horizon, min(born_at[id(t)].born for t in tensors) - 1)
-            lost_old: list[torch.Tensor] = []
-        elif tensors:
-            liveness = Liveness({t.grad_fn for t in tensors})
-            findings, _ = scan_tensors(tensors, self._ignore, set(), liveness, known, lost)
-            with self._lock:
-                alive_optimizers = list(self._optimizers)
-            params = None if not optimizers else functools.partial(_parameter_ids, optimizers, alive_optimizers)
-            own_age = functools.partial(_own_age, ledger, model or set())
-            watched = functools.partial(arm, state, boundary=boundary)
-            verdicts = judge(findings, born_at, _survived(state, sources), own_age, liveness, params, watched)
-            leaks = verdicts.leaks
-            self._records.note(verdicts.bounded, BOUNDED, self._boundaries())
-            leaking = {id(leak.finding.tensors[i]) for leak in leaks for i in leak.leaking}
-            pending = [
-                born_at[id(t)].born for f in findings for t in f.tensors if id(t) in born_at and id(t) not in leaking
-            ]
-            if pending:  # graphs that may still become leaks: the signal keeps asking about them
-                horizon = min(horizon, min(pending) - 1)
-            lost_old = [t for t in lost if born_at[id(t)].born <= horizon]
-            settled = [leak.finding.tensors[i].grad_fn for leak in leaks for i in leak.leaking]
-            named_ids = {id(t) for f in findings for t in f.tensors} | {id(t) for t in lost}
-            settled += [t.grad_fn for t in tensors if id(t) not in named_ids]  # ignored: the user's decision
-            collected: list[Any] = []
-            oldest_below(settled + [t.grad_fn for t in lost_old], ledger, stop=model, collect=collected)
-            for node in collected:
-                stamp = ledger.stamp(node)
-                if stamp is not None and stamp.epoch <= horizon:
-                    ledger.explain(node)
-            del findings, liveness, collected, settled
-        else:
-            lost_old = []
-        if not partial:
-            ledger.settle(horizon)
-            state.unexplained = len(lost_old) + ledger.alive(through=horizon)
-        return leaks
-
-    def _act(self, leaks: list[Leak], mode: Mode, frame: Any, ended: str = "") -> RetentionReport:
-        """Act on ``leaks`` by ``mode``; warnings at ``frame`` (a frame, or a ``(file, line)``)."""
-        report = RetentionReport([leak.finding.retention for leak in leaks])
-        if not leaks:
-            return report
-        self._known.remember(leaks)
-        boundaries = self._boundaries()
-        if mode == RAISE:
-            message = raise_message(leaks, ended)
-            self._records.note(leaks, "raised", boundaries)
-            leaks.clear()  # the traceback keeps this frame: it must not keep the tensors
-            error = GraphRetentionError(message)
-            error.report = report  # type: ignore[attr-defined]
-            raise error
-        if mode == WARN:
-            self._records.note(leaks, "warned", boundaries)
-            for leak in leaks:
-                if _stats.claim_warning(STORE, leak.finding.key, "warn"):
-                    _warn(warn_message(leak, ended), frame)
-        elif mode == DETACH:
-            state = self._state()
-            measuring(state)
-            for leak in leaks:
-                self._repair(state, leak, frame, boundaries, ended)
-        return report
-
-    def _repair(self, state: ThreadState, leak: Leak, frame: Any, boundaries: int, ended: str = "") -> None:
-        finding = leak.finding
-        done = repair([finding.paths[i] for i in leak.leaking], [finding.tensors[i] for i in leak.leaking], leak.alive)
-        pinned, estimate = finding.retention.pinned_bytes, finding.retention.pinned_bytes + finding.retention.node_bytes
-        counted(state, finding.key, done, pinned, estimate)
-        self._records.note([leak], done.outcome, boundaries, repaired=done.released, why=done.why)
-        if done.outcome != REPAIRED and _stats.claim_warning(STORE, finding.key, done.outcome):
-            _warn(unrepaired_message(leak, done, ended), frame)
-
     def on_audit(self, listener: Callable[[Watcher, BaseException | None], None]) -> None:
         """Call ``listener(watcher, error)`` after each audit, in the auditing thread.
 
@@ -543,11 +350,7 @@ class Watcher:
         Returns:
             The stamps, which keep nothing alive.
         """
-        mark = Ledger()
-        with scan_lock:
-            for t in live_graph_tensors(set()):
-                mark.place(t.grad_fn, 0)
-        return mark
+        return self._auditor.mark()
 
     def outlived(self, mark: Ledger, what: str, where: tuple[str, int] | None = None) -> RetentionReport:
         """The graphs made since ``mark`` that are still alive, now that ``what`` (a test, a scope) ended.
@@ -565,34 +368,7 @@ class Watcher:
         Returns:
             The report of the holders found.
         """
-        mode = resolve(self.mode)
-        if mode == OFF:
-            return RetentionReport([])
-        start = _clock()
-        try:
-            with scan_lock:
-                tensors = live_graph_tensors(set())
-                old = set(id(t) for t in tensors if t.grad_fn in oldest_below([t.grad_fn for t in tensors], mark))
-                made = [t for t in tensors if id(t) not in old]
-                del tensors, old
-                if not made:
-                    return RetentionReport([])
-                liveness = Liveness({t.grad_fn for t in made})
-                findings, _ = scan_tensors(made, self._ignore, set(), liveness)
-                del made
-                leaks = [
-                    Leak(f, list(range(len(f.tensors))), 1, [liveness.state(t.grad_fn).alive for t in f.tensors])
-                    for f in findings
-                ]
-                del findings, liveness
-            ended = f" after {what} ended"
-            return self._act(leaks, mode, where if where is not None else user_frame(), ended)
-        finally:
-            cost = _clock() - start
-            self._governor.charge(cost)
-            with self._records.lock:
-                self._records.spent += cost
-                self._records.counts["audits"] += 1
+        return self._auditor.outlived(self._state(), self.mode, mark, what, where)
 
     # ---------------------------------------------------------------------------------------------
     # What it found
@@ -716,18 +492,6 @@ class Watcher:
         return memory_clause(grown, what, self._records.pinned())
 
 
-def _survived(state: ThreadState, sources: tuple[Hashable, ...]) -> Callable[[int], int]:
-    """Boundaries of any of ``sources`` a graph stamped at an epoch has lived through."""
-    clock = state.clock
-    if len(sources) == 1:
-        return functools.partial(clock.survived, sources[0])
-    return lambda epoch: max(clock.survived(s, epoch) for s in sources)
-
-
-def _own_age(ledger: Ledger, model: set[Any], root: Any, others: set[Any]) -> int | None:
-    return oldest_below([root], ledger, stop=others | model).get(root)
-
-
 def _weak_listener(watcher: Watcher) -> backwards.Listener:
     """A backward listener that does not keep ``watcher`` alive."""
     ref = weakref.ref(watcher)
@@ -738,21 +502,6 @@ def _weak_listener(watcher: Watcher) -> backwards.Listener:
             target._on_backward(roots)
 
     return listener
-
-
-def _warn(message: str, at: Any) -> None:
-    """A :class:`GraphRetentionWarning` at a frame, or at ``(file, line)``."""
-    if isinstance(at, tuple):
-        warnings.warn_explicit(message, GraphRetentionWarning, at[0], at[1])
-    else:
-        warn_at(message, GraphRetentionWarning, at)
-
-
-def _parameter_ids(optimizers: tuple[Any, ...], alive: list[Any]) -> tuple[frozenset[int], frozenset[int]]:
-    """The ids of the parameters ``optimizers`` update, and of those every known live optimizer updates."""
-    own = frozenset(id(p) for o in optimizers for group in o.param_groups for p in group["params"])
-    known = frozenset(id(p) for o in alive for group in o.param_groups for p in group["params"])
-    return own, known
 
 
 def _optimizers(optimizer: Any) -> tuple[Any, ...]:

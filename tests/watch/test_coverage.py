@@ -27,6 +27,7 @@ KEPT: list[Any] = []
 @pytest.fixture(autouse=True)
 def _clean() -> Iterator[None]:
     KEPT.clear()
+    gc.collect()  # graphs other tests left as garbage would be old graphs no holder keeps: the signal backs off
     yield
     KEPT.clear()
     gc.collect()

@@ -321,7 +321,7 @@ def test_every_backward_is_stamped_and_below_its_roots_within_a_share(monkeypatc
     for _ in range(400):
         loss = ((x * 2).exp() * 3).sum()
         placed = state.ledger.placed
-        _threads.stamp_backward(state, (loss.grad_fn,), hunting=False)
+        _threads.stamp_backward(state, (loss.grad_fn,), whole_graph=False)
         roots.append(state.ledger.placed > placed)
         below.append(state.ledger.placed > placed + 1)
         state.clock.tick(None)
@@ -335,6 +335,7 @@ def test_a_backward_in_a_thread_that_never_steps_is_aged_by_the_thread_that_does
     """The loss is kept from step 20; its backward runs in a worker thread, the optimizer steps here."""
     from concurrent.futures import ThreadPoolExecutor
 
+    gc.collect()  # graphs other tests left as garbage would be old graphs no holder keeps
     model = nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     found = None

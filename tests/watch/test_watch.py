@@ -316,8 +316,8 @@ def test_the_watch_keeps_no_tensor_and_no_node_alive() -> None:
     leaf = weakref.ref(x)
     KEPT.append(x.sin())  # SinBackward0 saves x: x lives exactly as long as that node
     del x
-    with pytest.warns(gradguard.GraphRetentionWarning):
-        _loss_only(Trainer(), 3, lambda loss: watcher.boundary())
+    with pytest.warns(gradguard.GraphRetentionWarning):  # usable for backward: followed a step for a use first
+        _loss_only(Trainer(), 4, lambda loss: watcher.boundary())
     assert watcher.history()[0].holder == f"{__name__}:KEPT[*]" and leaf() is not None
     KEPT.clear()
     gc.collect()
