@@ -190,9 +190,15 @@ class Ledger:
             metadata[self.key] = token  # type: ignore[index]
             token.sequences.append(node_key(node) or 0)
 
+    def epoch(self, node: Any) -> int | None:
+        """The epoch of this ledger's stamp on ``node``, or ``None``."""
+        found = self.stamp(node)
+        return None if found is None else found.epoch
+
     def stamp(self, node: Any, keys: set[Key] | frozenset[Key] | None = None) -> Stamp | None:
         """This ledger's stamp on ``node``, or ``None``; ``keys`` (:meth:`keys`), when given, spares
-        reading the ``metadata`` of nodes no stamp of this ledger can be on (reading it makes one)."""
+        reading the ``metadata`` of nodes no stamp of this ledger can be on (reading it makes one). Keep
+        no reference to it: a stamp held keeps its epoch's graphs looking alive."""
         if keys is not None and node_key(node) not in keys:
             return None
         metadata = metadata_of(node)

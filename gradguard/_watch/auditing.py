@@ -216,8 +216,8 @@ class Auditor:
             collected: list[Any] = []
             oldest_below(settled + [t.grad_fn for t in lost_old], ledger, stop=model, collect=collected)
             for node in collected:
-                stamp = ledger.stamp(node)
-                if stamp is not None and stamp.epoch <= horizon:
+                epoch = ledger.epoch(node)
+                if epoch is not None and epoch <= horizon:
                     ledger.judged(node)
             del findings, liveness, collected, settled
         else:

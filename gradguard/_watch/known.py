@@ -75,10 +75,8 @@ class Known:
             found = recipe.resolve(newer=True)
             filling = filling or bool(found)  # it still holds graphs: read it again at the next boundary
             for t, path in found:
-                stamp = ledger.stamp(t.grad_fn)
-                if stamp is not None:
-                    born: int | None = stamp.epoch
-                else:  # new here: as old as the oldest graph it holds (a running sum holds the last one)
+                born = ledger.epoch(t.grad_fn)
+                if born is None:  # new here: as old as the oldest graph it holds (a running sum holds the last one)
                     born = oldest_below([t.grad_fn], ledger).get(t.grad_fn)
                     ledger.place(t.grad_fn, boundary - 1)  # made before this boundary, in this step at the latest
                 if born is not None and state.clock.survived(source, born) >= 1:
