@@ -286,9 +286,9 @@ def code_qualname(code: types.CodeType, first_argument: Any = UNKNOWN, namespace
     """The qualified name of the function running ``code`` (``Trainer.step``).
 
     Python 3.11 and later keep it on the code object (``co_qualname``). On 3.10 the function is
-    looked up where it is defined, without calling anything: in the class of ``first_argument``
-    (``self`` or ``cls``, its MRO's own dicts) and then in ``namespace`` (the frame's globals); where
-    neither has a function running ``code`` the bare name is returned.
+    looked up without calling anything: in the class of ``first_argument`` (``self`` or ``cls``, its
+    MRO's own dicts), in ``namespace`` (the frame's globals), then among the live functions that run
+    ``code`` (a nested function's); where none is found the bare name is returned.
 
     Args:
         code: The code object.
@@ -310,7 +310,24 @@ def code_qualname(code: types.CodeType, first_argument: Any = UNKNOWN, namespace
         found = _runs(namespace.get(code.co_name), code)
         if found is not None:
             return found
-    return code.co_name
+    return _nested_qualname(code)
+
+
+_nested: dict[types.CodeType, str] = {}
+
+
+def _nested_qualname(code: types.CodeType) -> str:
+    """A nested function's qualified name on 3.10: a function object running ``code`` found among its
+    referrers (one heap pass, remembered per code object)."""
+    name = _nested.get(code)
+    if name is None:
+        found = [r for r in gc.get_referrers(code) if type(r) is types.FunctionType and r.__code__ is code]
+        name = found[0].__qualname__ if found else code.co_name
+        if len(_nested) >= 1024:
+            _nested.clear()
+        _nested[code] = name
+        found.clear()
+    return name
 
 
 def _runs(candidate: Any, code: types.CodeType) -> str | None:
@@ -381,8 +398,9 @@ def warning_module_globals(namespace: dict[str, Any]) -> dict[str, Any] | None:
     """
     spec = namespace.get("__spec__")
     loader = namespace.get("__loader__")
-    if spec is None:
-        return None if sys.version_info >= (3, 12) or loader is None else namespace
+    if spec is None:  # a script's __main__ (python t.py, python -c)
+        usable = loader is not None and loader is not importlib.machinery.BuiltinImporter
+        return namespace if usable and sys.version_info < (3, 12) else None
     if getattr(spec, "name", None) != namespace.get("__name__"):
         return None
     spec_loader = getattr(spec, "loader", None)

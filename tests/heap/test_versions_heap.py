@@ -39,6 +39,11 @@ def test_holders_are_named_by_qualified_name(has_qualname: bool, monkeypatch: py
     assert Trainer.build() == "Trainer.build"
     assert helper() == "helper"
 
+    def nested() -> str:
+        return paths.frame_qualname(sys._getframe())
+
+    assert nested() == "test_holders_are_named_by_qualified_name.<locals>.nested"
+
 
 def test_the_search_never_counts_its_own_arguments() -> None:
     target, other = object(), object()

@@ -24,6 +24,7 @@ NAMESPACES = {
         "__spec__": None,
         "__loader__": importlib.machinery.SourceFileLoader("__main__", __file__),
     },
+    "python -c": {"__name__": "__main__", "__spec__": None, "__loader__": importlib.machinery.BuiltinImporter},
     "exec": {"__name__": "snippet"},
     "a spec without a loader": {
         "__name__": "nb",
