@@ -23,8 +23,10 @@ __all__ = [
     "FREE",
     "HUNTING_BACKSTOP_SHARE",
     "HUNTING_FIRST",
+    "MEMORY_FIRST",
     "OLD",
     "OLD_HUNTING",
+    "QUIET",
     "READ_SHARE",
     "STARTUP",
     "Reason",
@@ -50,6 +52,14 @@ FREE = 1
 usable for backward, followed from then on for a use) gets one follow-up at once too. After that, the
 signal's requests wait for a doubling gap and the governor's share."""
 
+MEMORY_FIRST = 4
+"""How many times its threshold the memory figure must grow before a request of its own is served at once
+(else the governor decides): a big leak is seen early, a replay buffer or a cache costs few audits."""
+
+QUIET = 8
+"""Boundaries without a request of a signal after which its back-off is forgotten: a storm asks at every
+boundary and stays held back, one stray old graph early in a run does not delay a leak that starts later."""
+
 HUNTING_BACKSTOP_SHARE = 0.1
 """With ``every=N``: the most of the wall time the audits of the backstop may take. Hunting spends time
 to find what no signal sees (a graph kept from a forward that saved no sampled parameter: ``torch.func``'s
@@ -67,7 +77,7 @@ _HELD = TriggerSettings(floor=1, fraction=0.0, window=64, boundaries=1, backoff=
 
 Every = int | Literal["auto"]
 Reason = Literal["start", "old", "held", "retry", "memory", "time"]
-_SIGNAL: dict[str, str] = {"old": "old", "retry": "old", "held": "held", "memory": "memory", "time": "time"}
+_SIGNAL: dict[str, str] = {"old": "old", "retry": "retry", "held": "held", "memory": "memory", "time": "time"}
 
 
 @dataclasses.dataclass
@@ -79,6 +89,15 @@ class _Backoff:
     next_at: int = 0
     cost: float = 0.0  # its last audit's
     follow: bool = False  # the next request follows up on graphs the last audit left pending
+    asked_at: int = 0  # the boundary of its last request
+
+
+def _signals() -> dict[str, _Backoff]:
+    """Each signal's back-off, fresh: a retry (a look again for old graphs no holder was found for) is held
+    back from its first request, the others ask at once."""
+    found = {name: _Backoff() for name in ("old", "held", "memory", "time")}
+    found["retry"] = _Backoff(misses=FREE)
+    return found
 
 
 class Schedule:
@@ -116,7 +135,7 @@ class Schedule:
         self.startup = STARTUP  # boundaries up to which a boundary is a start-up check
         self.declined = 0  # requests the back-off or the governor declined
         self.held = Trigger(_HELD)
-        self._signals = {name: _Backoff() for name in ("old", "held", "memory", "time")}
+        self._signals = _signals()
         self._clock = clock
         self._reader: AllocatedReader | None = None
         self._trigger: Trigger | None = None
@@ -151,7 +170,7 @@ class Schedule:
         """A new entry of the watch: its next boundaries are a start-up check again, and every signal asks
         at once again."""
         self.startup = self._boundary + STARTUP
-        self._signals = {name: _Backoff() for name in self._signals}
+        self._signals = _signals()
         self._quiet_until = -math.inf
 
     def boundary(self, now: float, boundary: int, old: int | None, held: Mapping[str, int] | None) -> Reason | None:
@@ -219,11 +238,24 @@ class Schedule:
         first :data:`FREE` in a row that find nothing new), else once its doubling gap went by and the
         governor's share allows."""
         signal = self._signals[_SIGNAL[reason]]
-        if signal.misses < FREE or signal.follow:
+        if reason != "retry" and boundary - signal.asked_at > max(QUIET, signal.gap):
+            signal.misses, signal.gap, signal.next_at = 0, 1, 0  # quiet since: a new request is a new story
+        signal.asked_at = boundary
+        if reason == "memory":
+            # Growth alone proves nothing (a replay buffer, a cache): at once only when the figure grew
+            # MEMORY_FIRST times its threshold, then twice as far as at its last audit: a leak costs audits
+            # logarithmic in its growth.
+            if self._grown() >= max(2 * self._grown_at_audit, MEMORY_FIRST * self._threshold()):
+                return True
+        elif signal.misses < FREE or signal.follow:
             return True
-        if reason == "memory" and self._grown() >= 2 * self._grown_at_audit:
-            return True  # it grew twice as far as at its last audit: a leak costs audits logarithmic in its growth
         return boundary >= signal.next_at and self.governor.affords(signal.cost or self.estimate(), now)
+
+    def _threshold(self) -> int:
+        """The memory trigger's largest threshold now (its floor before it has one)."""
+        if self._trigger is None:
+            return 0
+        return max([*self._trigger.thresholds().values(), self._trigger.settings.floor])
 
     def _plan_quiet(self) -> None:
         """When the next boundary without a signal can be skipped at once: until the memory figure or the
@@ -279,8 +311,7 @@ class Schedule:
         if reason == "memory":
             self._grown_at_audit = max(self._grown(), 1)
         if unexplained:
-            signal = self._signals["old"]
-            self.retry_at = boundary + signal.gap
+            self.retry_at = boundary + self._signals["retry"].gap
         else:
             self.retry_at = None
         if reason != "start" and not self.first_readings:

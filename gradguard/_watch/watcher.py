@@ -281,8 +281,12 @@ class Watcher:
             # The start-up check of a watcher that followed every step since it started (or since the audit
             # before, which stamped every graph alive): what was made since is all the collector's young
             # generations hold, unless one was promoted since.
-            since = self._promotions if boundary <= 1 else state.promotions
-            young = reason == "start" and since is not None and promotions() == since
+            # The second (what the first step kept after its step()) reads the young generations whatever
+            # was promoted since: a full search there would cost a storm's worth at every start.
+            if reason == "start" and boundary < state.schedule.startup:  # the first: since the watch started
+                young = self._promotions is not None and promotions() == self._promotions
+            else:
+                young = reason == "start"
             return self._auditor.audit(state, boundary, sources, optimizers, mode, young, searched)
         except BaseException as error:
             raised = error
