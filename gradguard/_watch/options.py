@@ -1,13 +1,18 @@
 """The watch's options, checked where they are given: ``every`` (by :mod:`gradguard._policy.validate`, as
-every option) and ``memory``."""
+every option), ``memory``, and the optimizers a boundary is given."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
+
+from .._errors import GradGuardError
 from .._policy.validate import EVERY_ACCEPTED, Every, refusal
 from .._policy.validate import every as parse_every
 from .trigger import TriggerSettings
 
-__all__ = ["EVERY_ACCEPTED", "Every", "parse_every", "parse_memory"]
+__all__ = ["EVERY_ACCEPTED", "Every", "parse_every", "parse_memory", "parse_optimizers"]
 
 MEMORY_ACCEPTED = (
     "True (read the memory figure, the default), False (do not) "
@@ -36,3 +41,31 @@ def parse_memory(value: object, every: Every) -> TriggerSettings | None:
     if isinstance(value, TriggerSettings):
         return value
     raise refusal("memory", value, MEMORY_ACCEPTED)
+
+
+def parse_optimizers(optimizer: Any) -> tuple[Any, ...]:
+    """``Watcher.boundary``'s ``optimizer`` as a tuple of optimizers (empty for ``None``).
+
+    Args:
+        optimizer: A ``torch.optim.Optimizer``, an iterable of them, or ``None``.
+
+    Returns:
+        The optimizers.
+
+    Raises:
+        GradGuardError: anything else, naming the value and what is accepted.
+    """
+    if optimizer is None:
+        return ()
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return (optimizer,)
+    try:
+        found = tuple(optimizer)
+    except TypeError:
+        found = ()
+    if not found or not all(isinstance(o, torch.optim.Optimizer) for o in found):
+        raise GradGuardError(
+            f"Watcher.boundary(optimizer={optimizer!r}) is not accepted; pass the torch.optim.Optimizer that "
+            "stepped, an iterable of them, or None (age every graph)"
+        )
+    return found

@@ -19,6 +19,7 @@ from .allocated import in_use
 from .criterion import Leak
 from .messages import named
 from .repair import PARTLY, REPAIRED, Repair
+from .schedule import Schedule
 from .summary import BOUNDED, HolderHistory
 from .threads import ThreadState
 
@@ -128,8 +129,21 @@ def count_repair(state: ThreadState, key: str, done: Repair, pinned: int, estima
         estimates[key] = estimates.get(key, 0) + estimate
 
 
-def memory_clause(grown: dict[str, int], what: str, pinned: int) -> str:
-    """The memory figure's growth after the start-up check, in words (``""`` when it did not grow)."""
+def memory_clause(schedules: Iterable[Schedule], pinned: int) -> str:
+    """The memory figure's growth after the start-up check in the threads of ``schedules``, in words:
+    ``""`` when it did not grow past the memory rule's threshold; else by how much, and whether the
+    ``pinned`` bytes of the holders found account for it."""
+    grown: dict[str, int] = {}
+    what = ""
+    for schedule in schedules:
+        if schedule.reader is None or schedule.trigger is None or not schedule.first_readings:
+            continue
+        floors = schedule.trigger.thresholds()
+        for device, first in schedule.first_readings.items():
+            growth = schedule.readings.get(device, first) - first
+            if growth >= max(floors.get(device, 0), schedule.trigger.settings.floor):
+                grown[device] = grown.get(device, 0) + growth
+        what = what or schedule.reader.short()
     if not grown:
         return ""
     total = ", ".join(f"{device} +{human(g)}" for device, g in grown.items())

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from .._errors import GradGuardError
 from .._graph.stamps import Ledger, roots_of
 from .._heap.census import promotions
 from .._policy.modes import DETACH, OFF, Mode, normalize_mode, resolve
@@ -29,7 +28,7 @@ from .audit import Ignore, RetentionReport, check_ignore
 from .auditing import Auditor
 from .governor import Governor
 from .known import Known
-from .options import Every, parse_every, parse_memory
+from .options import Every, parse_every, parse_memory, parse_optimizers
 from .records import STORE, Records, memory_clause
 from .schedule import Reason, Schedule
 from .summary import HolderHistory, WatchFigures, render
@@ -165,7 +164,7 @@ class Watcher:
         """
         if isinstance(optimizer, torch.optim.Optimizer):
             return self._boundary((id(optimizer),), (optimizer,))
-        optimizers = _optimizers(optimizer)
+        optimizers = parse_optimizers(optimizer)
         return self._boundary(tuple(map(id, optimizers)) or None, optimizers)
 
     def _boundary(self, source: Hashable, optimizers: tuple[Any, ...]) -> RetentionReport | None:
@@ -481,19 +480,7 @@ class Watcher:
         """
         with self._lock:
             states = list(self._states)
-        grown: dict[str, int] = {}
-        what = ""
-        for state in states:
-            schedule = state.schedule
-            if schedule.reader is None or schedule.trigger is None or not schedule.first_readings:
-                continue
-            floors = schedule.trigger.thresholds()
-            for device, first in schedule.first_readings.items():
-                growth = schedule.readings.get(device, first) - first
-                if growth >= max(floors.get(device, 0), schedule.trigger.settings.floor):
-                    grown[device] = grown.get(device, 0) + growth
-            what = what or schedule.reader.short()
-        return memory_clause(grown, what, self._records.pinned())
+        return memory_clause([s.schedule for s in states], self._records.pinned())
 
 
 def _weak_listener(watcher: Watcher) -> backwards.Listener:
@@ -506,20 +493,3 @@ def _weak_listener(watcher: Watcher) -> backwards.Listener:
             target._on_backward(roots)
 
     return listener
-
-
-def _optimizers(optimizer: Any) -> tuple[Any, ...]:
-    if optimizer is None:
-        return ()
-    if isinstance(optimizer, torch.optim.Optimizer):
-        return (optimizer,)
-    try:
-        found = tuple(optimizer)
-    except TypeError:
-        found = ()
-    if not found or not all(isinstance(o, torch.optim.Optimizer) for o in found):
-        raise GradGuardError(
-            f"Watcher.boundary(optimizer={optimizer!r}) is not accepted; pass the torch.optim.Optimizer that "
-            "stepped, an iterable of them, or None (age every graph)"
-        )
-    return found
