@@ -87,8 +87,8 @@ def verdicts(entry: dict[str, Any]) -> list[tuple[str, bool | None, str]]:
     )
     checks.append(
         (
-            "clean: <= 5 us of the watch's own time per boundary for a backward's root stamp",
-            w["stamp_us"] <= 5.0,
+            "clean: <= 4 us of the watch's own time per backward for its root's stamp",
+            w["stamp_us"] <= 4.0,
             f"{w['stamp_us']:.2f} us per backward",
         )
     )

@@ -103,6 +103,35 @@ def test_an_autograd_engine_bound_before_the_watch_is_named_in_the_summary() -> 
     assert "no graph the watch followed outlived" in run.stdout  # true, and said with what it did not follow
 
 
+def test_gradguard_run_follows_an_engine_bound_at_import(tmp_path: Any) -> None:
+    """Under ``gradguard run`` the watch starts when torch is imported, before the program binds the engine."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from torch.autograd.variable import Variable
+            ENGINE = Variable._execution_engine  # bound at import
+            model = torch.nn.Linear(8, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            HIST = []
+            for s in range(30):
+                loss = model(torch.randn(4, 8)).pow(2).mean()
+                ENGINE.run_backward((loss,), (torch.ones_like(loss),), False, False, (), True, True)
+                opt.step()
+                opt.zero_grad()
+                if s >= 10:
+                    HIST.append(loss)
+            """
+        )
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "gradguard", "run", "--mode", "raise", str(script)],
+        capture_output=True, text=True, env=env(), timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode != 0 and "__main__:HIST[*]" in run.stdout + run.stderr
+
+
 def test_a_listener_that_fails_is_counted_and_said(monkeypatch: pytest.MonkeyPatch) -> None:
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
