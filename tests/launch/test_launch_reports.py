@@ -186,7 +186,8 @@ def test_a_world_whose_ranks_did_not_all_report_says_which_did_not() -> None:
 
 def test_a_rank_that_stepped_but_was_never_audited_is_named_as_not_checked() -> None:
     merged = _merge.merge(records(rank(0, boundaries=4, audits=2), rank(1, boundaries=4)))
-    assert "; no graph the watch followed outlived two step boundaries; not audited, so not checked: rank 1/2" in merged.text
+    said = "; no graph the watch followed outlived two step boundaries; not audited, so not checked: rank 1/2"
+    assert said in merged.text
 
 
 def _not_set_up(**fields: Any) -> dict[str, Any]:
