@@ -60,11 +60,11 @@ class HeldParameters:
             return None
         n = len(refs)
         start = self._next
-        self._next = (start + SAMPLE) % n
+        end = start + SAMPLE
+        self._next = end % n
         last = self._last
         read = False
-        for i in range(start, start + min(SAMPLE, n)):
-            i %= n
+        for i in range(start, end) if end <= n else [*range(start, n), *range(min(end - n, start))]:
             p = refs[i]()
             if p is None:
                 continue

@@ -267,8 +267,13 @@ class Ledger:
             self._current = None  # the ledger must not keep an old epoch's stamp alive
         if through <= self._checked:
             return
-        for epoch in sorted(e for e in self._buckets if e <= through):
-            for ref in self._buckets.pop(epoch):
+        buckets = self._buckets
+        if through - self._checked <= 8:  # the common case: one boundary more
+            epochs: Iterable[int] = range(self._checked + 1, through + 1)
+        else:
+            epochs = sorted(e for e in buckets if e <= through)
+        for epoch in epochs:
+            for ref in buckets.pop(epoch, ()):
                 if ref() is not None:
                     (self._settled if epoch <= self.horizon else self._old).append(ref)
         self._checked = through
