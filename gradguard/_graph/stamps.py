@@ -97,11 +97,25 @@ class Ledger:
     :meth:`settle` sets the horizon at or below which old stamps were looked at by an audit.
     """
 
-    __slots__ = ("_buckets", "_checked", "_current", "_lock", "_old", "_settled", "_tokens", "horizon", "key", "placed")
+    __slots__ = (
+        "_buckets",
+        "_checked",
+        "_current",
+        "_lock",
+        "_old",
+        "_settled",
+        "_tokens",
+        "first_key",
+        "horizon",
+        "key",
+        "placed",
+    )
 
     def __init__(self) -> None:
         self.key = f"gradguard.stamp.{next(_serial)}"
         """The key of this ledger's stamps in a node's ``metadata``."""
+        self.first_key = self.key + ".first"
+        """The key of the epoch a node was first stamped at, once a later use moved its stamp."""
         self._tokens: dict[tuple[int, int], weakref.ref[Stamp]] = {}
         self._buckets: dict[int, list[weakref.ref[Stamp]]] = {}  # epochs not old yet: their counted stamps
         self._old: collections.deque[weakref.ref[Stamp]] = collections.deque()  # old, above the horizon
@@ -153,9 +167,7 @@ class Ledger:
                 token.sequences.append(sequence)
                 new.append(node)
             elif found.epoch < epoch:
-                used = self._token(epoch, USED)
-                metadata[key] = used
-                used.sequences.append(node._sequence_nr())
+                self.used(metadata, found, epoch, node._sequence_nr())
         self.placed += len(new)
         return new
 
@@ -173,13 +185,28 @@ class Ledger:
         if type(found) is Stamp:
             if not refresh or found.epoch >= epoch:
                 return False
-            token = self._token(epoch, USED)
+            self.used(metadata, found, epoch, key)
+            return True
         else:
             token = self._token(epoch, FRESH)
             self.placed += 1
         metadata[self.key] = token
         token.sequences.append(key)
         return True
+
+    def used(self, metadata: dict[Any, Any], found: Stamp, epoch: int, sequence: int) -> None:
+        """A node whose ``metadata`` holds ``found`` was used by a backward at ``epoch``: it gets that epoch's
+        *used* stamp, and remembers the epoch it was first stamped at."""
+        metadata.setdefault(self.first_key, found.epoch)
+        token = self._token(epoch, USED)
+        metadata[self.key] = token
+        token.sequences.append(sequence)
+
+    def first(self, node: Any, found: Stamp) -> int:
+        """The epoch ``node`` (whose stamp is ``found``) was first stamped at."""
+        metadata = metadata_of(node)
+        first = None if metadata is None else metadata.get(self.first_key)
+        return first if type(first) is int else found.epoch
 
     def judged(self, node: Any) -> None:
         """Stop counting ``node``'s stamp (its graph was judged); it keeps its epoch."""
@@ -295,17 +322,18 @@ def oldest_below(
     included); roots whose graph holds none are left out. The walk does not go into ``stop``'s nodes;
     ``collect``, when given, receives every node met that carries a stamp of ``ledger``. Each node is
     visited once for all the roots (the graphs are DAGs)."""
-    return {root: low for root, (low, _) in epochs_below(roots, ledger, stop, collect).items()}
+    return {root: epochs[0] for root, epochs in epochs_below(roots, ledger, stop, collect).items()}
 
 
 def epochs_below(
     roots: Iterable[Any], ledger: Ledger, stop: set[Any] | None = None, collect: list[Any] | None = None
-) -> dict[Any, tuple[int, int]]:
-    """As :func:`oldest_below`, with the latest epoch of a stamp in each root's graph beside the earliest:
-    a graph whose stamps are of several epochs was built over several steps."""
+) -> dict[Any, tuple[int, int, int]]:
+    """As :func:`oldest_below`, with the earliest and the latest epoch its graph's nodes were *first*
+    stamped at beside the earliest stamp: a graph whose nodes were first stamped at several epochs was
+    built over several steps, however recently a backward used it."""
     keys = ledger.keys()
-    memo: dict[Any, tuple[int, int] | None] = {}
-    found: dict[Any, tuple[int, int]] = {}
+    memo: dict[Any, tuple[int, int, int] | None] = {}
+    found: dict[Any, tuple[int, int, int]] = {}
     for root in roots:
         if root is None:
             continue
@@ -321,12 +349,12 @@ def _walk(
     root: Any,
     ledger: Ledger,
     keys: frozenset[Key],
-    memo: dict[Any, tuple[int, int] | None],
+    memo: dict[Any, tuple[int, int, int] | None],
     stop: set[Any] | None,
     collect: list[Any] | None,
 ) -> None:
-    """Post-order over ``root``'s graph, without recursion: ``memo[node]`` is the earliest and the latest
-    epoch below."""
+    """Post-order over ``root``'s graph, without recursion: ``memo[node]`` is the earliest stamp epoch
+    below, and the earliest and latest first-stamped epochs."""
     stack: list[tuple[Any, bool]] = [(root, False)]
     while stack:
         node, expanded = stack.pop()
@@ -340,12 +368,18 @@ def _walk(
             stack.extend((child, False) for child, _ in node.next_functions if child is not None and child not in memo)
             continue
         own = ledger.stamp(node, keys)
-        low = high = None if own is None else own.epoch
-        if own is not None and collect is not None:
-            collect.append(node)
+        if own is None:
+            low = first_low = first_high = None
+        else:
+            low = own.epoch
+            first_low = first_high = ledger.first(node, own) if own.used else own.epoch
+            if collect is not None:
+                collect.append(node)
+        del own
         for child, _ in node.next_functions:
             epochs = memo.get(child) if child is not None else None
             if epochs is not None:
                 low = epochs[0] if low is None else min(low, epochs[0])
-                high = epochs[1] if high is None else max(high, epochs[1])
-        memo[node] = None if low is None or high is None else (low, high)
+                first_low = epochs[1] if first_low is None else min(first_low, epochs[1])
+                first_high = epochs[2] if first_high is None else max(first_high, epochs[2])
+        memo[node] = None if low is None or first_low is None or first_high is None else (low, first_low, first_high)

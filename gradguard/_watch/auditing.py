@@ -24,7 +24,7 @@ import torch
 
 from .._errors import GraphRetentionError, GraphRetentionWarning
 from .._graph.liveness import Liveness
-from .._graph.stamps import Ledger, oldest_below
+from .._graph.stamps import Ledger, epochs_below, oldest_below
 from .._heap.census import live_graph_tensors
 from .._heap.paths import Path
 from .._policy import stats as _stats
@@ -111,16 +111,19 @@ class Auditor:
                 state.ledger.judged(node)
             del views
             born_at = ages(tensors, state.ledger, model)
-            for t in tensors:  # what is alive now is followed from here on
+            for t in tensors:  # what is alive now is followed from here on, and for a backward using it
                 state.ledger.place(t.grad_fn, boundary - 1)
+                arm(state, t.grad_fn, boundary)
             survived = _survived(state, sources)
-            # When a graph is old, every stamped one is searched for: a list's current record shows it grows.
             stamped = [t for t in tensors if id(t) in born_at]
-            del tensors
             search = any(survived(born_at[id(t)].born) >= 1 for t in stamped)
             searched.append(search)
-            leaks = self.judge(state, boundary, sources, optimizers, stamped, born_at, {}, model, search=search)
-            del stamped, model
+            # When a graph is old, every graph alive is searched for (in one pass): a holder is named by its
+            # container and counted in full, its newest records (not stamped yet) included.
+            judged = tensors if search else stamped
+            del tensors, stamped
+            leaks = self.judge(state, boundary, sources, optimizers, judged, born_at, {}, model, search=search)
+            del judged, model
         return self.act(state, leaks, mode, user_frame())
 
     def revisit(
@@ -151,6 +154,7 @@ class Auditor:
             del pairs
             for t in tensors:  # what the holder took since it was last read is followed from here on
                 state.ledger.place(t.grad_fn, boundary - 1)
+                arm(state, t.grad_fn, boundary)
             born_at = ages(tensors, state.ledger)
             survived = _survived(state, sources)
             leaks: list[Leak] = []
@@ -209,7 +213,7 @@ class Auditor:
             ]
             if pending:  # graphs that may still become leaks: the signal keeps asking about them
                 horizon = min(horizon, min(pending) - 1)
-            lost_old = [t for t in lost if born_at[id(t)].born <= horizon]
+            lost_old = [t for t in lost if id(t) in born_at and born_at[id(t)].born <= horizon]
             settled = [leak.finding.tensors[i].grad_fn for leak in leaks for i in leak.leaking]
             named_ids = {id(t) for f in findings for t in f.tensors} | {id(t) for t in lost}
             settled += [t.grad_fn for t in tensors if id(t) not in named_ids]  # ignored: the user's decision
@@ -330,7 +334,13 @@ def _survived(state: ThreadState, sources: tuple[Hashable, ...]) -> Callable[[in
 
 
 def _own_age(ledger: Ledger, model: set[Any], root: Any, others: set[Any]) -> int | None:
-    return oldest_below([root], ledger, stop=others | model).get(root)
+    """The age of ``root``'s graph without ``others``' graphs (as :func:`~gradguard._watch.criterion.ages`
+    takes it: a graph built over several steps is as old as its oldest part)."""
+    span = epochs_below([root], ledger, stop=others | model).get(root)
+    if span is None:
+        return None
+    born, first, last = span
+    return first if last > first else born
 
 
 def _warn(message: str, at: Any) -> None:

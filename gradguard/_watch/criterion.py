@@ -95,12 +95,15 @@ def ages(tensors: Sequence[torch.Tensor], ledger: Ledger, model: set[Any] | None
         span = epochs.get(root)
         if span is None:
             continue
-        born = span[0]
+        born, first, last = span
         stamp = ledger.stamp(root)
-        if stamp is not None and stamp.used:  # backwarded again since: the whole graph is in use now
+        if last > first:  # built over several steps: as old as its oldest part, in use or not
+            found[id(t)] = Age(first, stamp is not None and ledger.first(root, stamp) == first, True)
+        elif stamp is not None and stamp.used:  # backwarded again since: the whole graph is in use now
             found[id(t)] = Age(stamp.epoch, True)
         else:
-            found[id(t)] = Age(born, stamp is not None and stamp.epoch == born, span[1] > born)
+            found[id(t)] = Age(born, stamp is not None and stamp.epoch == born)
+        del stamp
     return found
 
 

@@ -5,9 +5,9 @@ its roots (one shared stamp per epoch: see :mod:`gradguard._graph.stamps`) in th
 thread whose boundaries age it: its own, once it stepped; before that, the thread's that stepped last
 (a backward run in a worker thread feeds the optimizer of the thread that steps). On a share of the
 wall time, the nodes nearest below the roots are stamped too (a record a program keeps is often a model
-output or a log-probability a few nodes below the loss). A graph an audit found old but still usable
-for backward is *armed*: a hook on its node moves its stamp to the current epoch when a later backward
-runs through it, so a graph in use is never a leak.
+output or a log-probability a few nodes below the loss). Every graph an audit sees is *armed*: a hook
+on its node moves its stamp to the current epoch's *used* one when a later backward runs through it,
+so a graph in use is never a leak.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from .._graph.held import HeldParameters
-from .._graph.stamps import USED, Ledger, metadata_of, node_key
+from .._graph.stamps import Ledger, Stamp, metadata_of, node_key
 from .criterion import Clock
 from .schedule import Schedule
 
@@ -160,10 +160,9 @@ def arm(state: ThreadState, node: Any, boundary: int) -> bool:
 
     def used(_grad_outputs: Any) -> None:
         owner = ref()
-        if owner is not None:
-            token = owner.ledger._token(owner.clock.boundaries, USED)
-            metadata[key] = token
-            token.sequences.append(sequence)
+        found = metadata.get(key)
+        if owner is not None and type(found) is Stamp:
+            owner.ledger.used(metadata, found, owner.clock.boundaries, sequence)
 
     sequence = node_key(node) or 0
     try:
