@@ -30,6 +30,7 @@ from torch import nn
 
 import gradguard
 import gradguard.testing
+from gradguard import _compat
 from gradguard._graph import liveness as _liveness
 from gradguard._watch import allocated as _allocated
 
@@ -706,7 +707,8 @@ def test_liveness_of_the_common_shapes() -> None:
     ckpt = torch.utils.checkpoint.checkpoint(model, torch.randn(2, 4, requires_grad=True), use_reentrant=False)
     assert alive(ckpt)
     ckpt.sum().backward()
-    assert not alive(ckpt)
+    if _compat.SAVED_TENSORS_READABLE:  # before torch 2.13 a hooked saved tensor cannot be read: judged alive
+        assert not alive(ckpt)
 
 
 def test_what_a_repair_gave_back_is_measured_not_estimated() -> None:
