@@ -30,6 +30,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+from benchmarks.field.runner import portable  # noqa: E402
 from benchmarks.lightning_suite import recorder  # noqa: E402
 from gradguard._tools.bench.machine import machine, machine_line  # noqa: E402
 
@@ -484,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         doc["runs"] = {n: doc["runs"][n] for n in order}
         summarize(doc)
         args.json.parent.mkdir(parents=True, exist_ok=True)
+        doc = portable(doc, [checkout])  # files named from the repository, the checkout or by name
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
         args.md.write_text(markdown(doc))
     print(f"wrote {args.json} and {args.md}", flush=True)

@@ -15,9 +15,7 @@ from benchmarks.field.runner import REPO, portable
 RESULTS = REPO / "benchmarks" / "results"
 # an absolute path to a source file, or a file under a site-packages: where this machine keeps it
 _MACHINE_PATH = re.compile(r"(?<![\w.+-])/(?:[\w.+-]+/)+[\w.+-]+\.py\b|site-packages/")
-_WRITTEN_BEFORE = {
-    "lightning-suite-cpu.json": "the Lightning suite's harness records the files it imported by absolute path",
-}
+_WRITTEN_BEFORE: dict[str, str] = {}
 
 
 def _results() -> list[Path]:

@@ -85,7 +85,7 @@ def test_runs_plain_and_watched_names_the_retention_and_its_test_and_samples(tmp
     assert plain["retentions"] == [] and plain["modules"]["gradguard"] is None  # a plain run never imports it
     assert watched["options"] == ["--gradguard-audit=1", "--gradguard=warn"]
     assert watched["outcomes"] == {"passed": 4} and watched["ratio_to_plain"] > 0, _logs(tmp_path)
-    assert watched["modules"]["gradguard"] == str(ROOT / "gradguard" / "__init__.py")
+    assert watched["modules"]["gradguard"] == "gradguard/__init__.py"  # named from the repository, not the machine
     (retention,) = watched["retentions"]
     assert "_losses" in retention["holder"] and retention["warnings"] == 1
     assert retention["tests"] == ["tests/tests_pytorch/loops/test_train.py::test_keeps_losses"]
