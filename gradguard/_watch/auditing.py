@@ -280,21 +280,8 @@ class Auditor:
     def outlived(
         self, state: ThreadState, mode: Mode | None, mark: Ledger, what: str, where: tuple[str, int] | None = None
     ) -> RetentionReport:
-        """The graphs made since ``mark`` that are still alive, now that ``what`` (a test, a scope) ended.
-
-        Nothing it made should still hold a graph. Each holder is acted on as at a boundary, by the
-        watch's mode (the mode in force when it has none): ``raise`` raises :class:`GraphRetentionError`,
-        ``warn`` warns at ``where`` (file, line), ``detach`` repairs what is dead. Costs one pass over the
-        heap when nothing outlived it; the holders are searched for only when something did.
-
-        Args:
-            mark: What :meth:`mark` returned when ``what`` began.
-            what: What ended, for the messages (``"test tests/test_x.py::test_y"``).
-            where: The file and line to warn at; the caller's frame by default.
-
-        Returns:
-            The report of the holders found.
-        """
+        """:meth:`gradguard.Watcher.outlived` for the thread of ``state``, in ``mode`` (``None``: the mode in
+        force)."""
         mode = resolve(mode)
         if mode == OFF:
             return RetentionReport([])
