@@ -138,7 +138,8 @@ def test_a_frame_local_is_told_to_detach_at_its_line() -> None:
 def _train(store: list[object], detach: bool) -> None:
     model = nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with gradguard.watch(every=1, mode="raise"):
+    mine = lambda r: "test_fix_texts" not in r.path  # noqa: E731 - what other tests of this worker left is theirs
+    with gradguard.watch(every=1, mode="raise", ignore=mine):
         for _ in range(4):
             loss = model(torch.randn(3, 4)).pow(2).mean()
             loss.backward()

@@ -278,6 +278,7 @@ def slow_steps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 def _train(keep: Any, start: int, steps: int = 60, clock: list[float] | None = None) -> int | None:
     """Train a tiny model inside ``watch(mode="raise")``, keeping ``keep(loss, out, model)`` from ``start``;
     the step whose boundary raised. ``clock``: advanced by 50 ms a step."""
+    gc.collect()  # graphs other tests left as garbage would be old graphs no holder keeps
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
