@@ -194,9 +194,7 @@ class Schedule:
         asked = self.held.observe(held) if held else None
         grew = self._read_memory(boundary)
         reason: Reason | None = None
-        if boundary <= self.startup:
-            reason = "start"
-        elif old is not None and old <= boundary - self.old:
+        if old is not None and old <= boundary - self.old:
             reason = "old"
         elif asked is not None:
             reason = "held"
@@ -204,7 +202,9 @@ class Schedule:
             reason = "retry"
         elif grew:
             reason = "memory"
-        if reason is not None and (reason == "start" or hunting or self._affords(reason, boundary, now)):
+        if boundary <= self.startup:
+            return reason or "start"  # a signal's request at a start-up boundary is a full audit, at once
+        if reason is not None and (hunting or self._affords(reason, boundary, now)):
             return reason
         if reason is not None:
             self.declined += 1
