@@ -155,6 +155,7 @@ def test_following_the_first_fix_passes_raise_mode_and_the_net_refuses_there() -
         _train([], detach=False)
     fix = str(caught.value).split("fix: ")[-1]
     assert fix.startswith("detach before storing into store[0]['loss']") and fix.endswith(NET)
+    del caught  # its traceback keeps the frames of that run, and their graphs (3.13's frames keep their locals)
     previous = gradguard.set_mode("raise")  # as under `gradguard run --mode raise`: stores refuse too
     try:
         _train([], detach=True)  # the first fix: passes
