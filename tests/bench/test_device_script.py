@@ -39,6 +39,7 @@ TIMED_VERDICTS = (
     *BENCH_TIMED,  # gradguard bench --late-leak's (it exits 1 on a missed verdict)
     "share of the wall time after the start-up check",  # the watch benchmark's (it exits 0)
     "of the watch's own time per boundary",
+    "of the watch's own time per backward for its root's stamp",
     "reported within 3 boundaries of its start",
     "memory stops growing within 5 boundaries of the report",
 )
