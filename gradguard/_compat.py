@@ -122,7 +122,8 @@ if not SAVED_TENSORS_READABLE:
     # The only two ways a saved tensor gets hooks: default hooks pushed (saved_tensors_hooks, and so
     # checkpointing and offloading) and SavedTensor.register_hooks. Each is noted, then runs as it did.
     torch._C._autograd._push_saved_tensors_default_hooks = _seen(torch._C._autograd._push_saved_tensors_default_hooks)
-    torch._C._autograd.SavedTensor.register_hooks = _seen(torch._C._autograd.SavedTensor.register_hooks)
+    saved_tensor: Any = torch._C._autograd.SavedTensor  # its stubs lack register_hooks on some versions
+    saved_tensor.register_hooks = _seen(saved_tensor.register_hooks)
 
 
 def saved_tensor_parts(saved: Any) -> tuple[Any, Any]:

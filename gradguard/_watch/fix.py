@@ -179,7 +179,7 @@ def _override(hook: str) -> str | None:
     if not isinstance(base, type):
         return None
     found = None
-    todo = list(base.__subclasses__())
+    todo: list[type] = list(base.__subclasses__())
     while todo:
         cls = todo.pop()
         todo.extend(cls.__subclasses__())

@@ -80,6 +80,12 @@ class Governor:
             return False
         return self.hot + self.spent + estimate <= share * (now - self.started)
 
+    def solvent(self, now: float) -> bool:
+        """Whether the work charged after the start-up check is within :data:`SHARE` of the wall time
+        since the start (the constant-time work aside): a request that runs at once, whatever it costs,
+        runs only then, so that a run of them is repaid before the next."""
+        return self.started is not None and self.spent <= SHARE * (now - self.started)
+
     @property
     def hot(self) -> float:
         """Seconds of constant-time work at backwards and boundaries."""

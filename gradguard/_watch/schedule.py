@@ -236,9 +236,10 @@ class Schedule:
     def _affords(self, reason: Reason, boundary: int, now: float) -> bool:
         """Whether a signal's request runs now: at once while its audits find something new (or for the
         first :data:`FREE` in a row that find nothing new), else once its doubling gap went by and the
-        governor's share allows."""
+        governor's share allows. A signal quiet for :data:`QUIET` boundaries starts afresh only while the
+        governor's account is not overdrawn: a storm of stray requests is repaid before the next."""
         signal = self._signals[_SIGNAL[reason]]
-        if reason != "retry" and boundary - signal.asked_at > max(QUIET, signal.gap):
+        if reason != "retry" and boundary - signal.asked_at > max(QUIET, signal.gap) and self.governor.solvent(now):
             signal.misses, signal.gap, signal.next_at = 0, 1, 0  # quiet since: a new request is a new story
         signal.asked_at = boundary
         if reason == "memory":

@@ -84,6 +84,10 @@ class WatchFigures:
             engine bound before the watch started, ``torch.func``, gradients set by hand).
         failures: Backwards the watch failed to stamp (its listener raised).
         declined: Requests of the signals that waited for the back-off or the watch's share of the time.
+        collecting: Requests of the old-graph signal that waited for the program's own collection (its
+            collector disabled: an old graph may be garbage that only a collection frees).
+        garbage: Requests of the old-graph signal whose graphs a collection freed: cyclic garbage, no
+            holder's.
         since_audit: Step boundaries between the last audit and the end (the most of any thread): a
             graph no signal sees (kept below a backward's nearest nodes, saving no parameter) is found
             only by an audit.
@@ -101,6 +105,8 @@ class WatchFigures:
     unseen: int = 0
     failures: int = 0
     declined: int = 0
+    collecting: int = 0
+    garbage: int = 0
     since_audit: int = 0
 
     def __add__(self, other: WatchFigures) -> WatchFigures:
@@ -237,6 +243,11 @@ def summarize(
         followed = f" ({plural(f.stamped, 'graph node')} stamped at backwards and audits)" if f.stamped else ""
         if f.unexplained:
             return f"{head}; no holder was found keeping a graph{followed}{tail}"
+        if f.garbage:
+            return (
+                f"{head}; no holder kept a graph the watch followed past two step boundaries{followed}: the old "
+                f"ones were cyclic garbage, freed by the collector ({plural(f.garbage, 'time')}){tail}"
+            )
         return f"{head}; no graph the watch followed outlived two step boundaries{followed}{tail}"
     released = sum(row.total("released_bytes") for row in leaks)
     if released:
@@ -337,6 +348,11 @@ def _coverage(f: WatchFigures) -> str:
         said.append(
             f"{plural(f.declined, 'request')} of the signals waited for the watch's share of the time (a leak that "
             "started meanwhile may be reported late)"
+        )
+    if f.collecting:
+        said.append(
+            f"{plural(f.collecting, 'request')} of the old-graph signal waited for the program's own collection "
+            "(the collector is disabled: a leak that started meanwhile is reported after the next one)"
         )
     if f.since_audit >= OLD_ENOUGH:
         said.append(

@@ -21,6 +21,7 @@ from typing import Any
 from .._graph.held import HeldParameters
 from .._graph.stamps import Ledger, Stamp, metadata_of, node_key
 from .criterion import Clock
+from .garbage import Collector
 from .schedule import Schedule
 
 __all__ = ["DEEP_NODES", "DEEP_SHARE", "STAMP_FIRST", "ParameterCount", "ThreadState", "arm", "stamp_backward"]
@@ -72,6 +73,7 @@ class ThreadState:
         "backwards",
         "busy",
         "clock",
+        "collector",
         "deep",
         "entry",
         "first",
@@ -90,6 +92,7 @@ class ThreadState:
 
     def __init__(self, schedule: Schedule) -> None:
         self.schedule = schedule
+        self.collector = Collector(schedule.governor)
         self.clock = Clock()
         self.ledger = Ledger()
         self.unexplained = 0  # old graphs alive at the last audit that no holder was found for

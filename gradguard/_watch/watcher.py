@@ -216,6 +216,13 @@ class Watcher:
             changed = {held.name: count}
         reason = state.schedule.boundary(start, boundary, old, changed)
         self._governor.signals += _clock() - start
+        if reason == "old" and self.every == "auto":  # hunting acts on every request, whatever it costs
+            garbage = state.collector.garbage(lambda: ledger.oldest_alive(through), boundary)
+            if garbage is not False:
+                # cyclic garbage the collector freed or has yet to free (no holder to find), or no collection
+                # affordable now to tell
+                state.schedule.declined += garbage is None
+                reason = None
         if reason is not None and reason != "start":
             sources, optimizers = self._judging(state, source, optimizers)
         else:
@@ -286,6 +293,8 @@ class Watcher:
                 young = self._promotions is not None and promotions() == self._promotions
             else:
                 young = reason == "start"
+            if young and self.every == "auto":
+                state.collector.young()  # what the first steps left as cyclic garbage is no holder's to look for
             return self._auditor.audit(state, boundary, sources, optimizers, mode, young, searched)
         except BaseException as error:
             raised = error
@@ -459,6 +468,8 @@ class Watcher:
             unseen=sum(s.unseen for s in states),
             failures=self._failed + (backwards.failures() - self._failures if self._backwards is not None else 0),
             declined=sum(s.schedule.declined for s in states),
+            collecting=sum(s.collector.waited for s in states),
+            garbage=sum(s.collector.freed for s in states),
             since_audit=last,
         )
 

@@ -378,8 +378,18 @@ def test_a_report_missing_any_field_the_summary_reads_is_named_and_never_counted
         ({"format": "other"}, 'not a gradguard-run-report file (format "other")'),
     ],
     ids=[
-        "text-count", "bool-count", "negative", "text-number", "figures-list", "every-0", "holders-dict",
-        "holder-flag", "top-text", "kind", "version", "format",
+        "text-count",
+        "bool-count",
+        "negative",
+        "text-number",
+        "figures-list",
+        "every-0",
+        "holders-dict",
+        "holder-flag",
+        "top-text",
+        "kind",
+        "version",
+        "format",
     ],  # fmt: skip
 )
 def test_a_report_with_a_wrong_value_is_named_with_what_is_wrong(
