@@ -55,7 +55,7 @@ def write_package(folder: str) -> None:
     with open(os.path.join(info, "METADATA"), "w", encoding="utf-8") as f:
         f.write(f"Metadata-Version: 2.1\nName: {NAME}\nVersion: {VERSION}\n")
     with open(os.path.join(info, "RECORD"), "w", encoding="utf-8") as f:
-        f.write("")
+        f.write(f"{NAME}/__init__.py,,\n{NAME}-{VERSION}.dist-info/METADATA,,\n{NAME}-{VERSION}.dist-info/RECORD,,\n")
 
 
 def library_leak(device: str, steps: Sequence[int], rounds: int) -> dict[int, dict[str, Any]]:

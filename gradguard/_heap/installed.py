@@ -84,6 +84,14 @@ def package_version(label: str) -> str | None:
     if isinstance(version, str):
         return version
     try:
+        # The distribution of the same name first, when its RECORD lists the module: one folder read,
+        # where mapping every installed distribution to its modules reads them all.
+        files = importlib.metadata.distribution(label).files or ()
+        if any(f.parts and f.parts[0] in (label, f"{label}.py") for f in files):
+            return importlib.metadata.version(label)
+    except Exception:  # noqa: BLE001 - no distribution of that name, or broken metadata: map them all
+        pass
+    try:
         for distribution in importlib.metadata.packages_distributions().get(label, ()):
             return importlib.metadata.version(distribution)
     except Exception:  # noqa: BLE001 - broken package metadata: no version to say

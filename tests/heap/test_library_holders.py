@@ -7,6 +7,7 @@ objects as they are."""
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import re
 import sys
 import textwrap
@@ -123,3 +124,34 @@ def test_torchs_own_modules_are_the_programs_whoever_defines_the_model() -> None
             opt.zero_grad()
     [entry] = [e for e in scope.watcher.history() if "seen" in e.holder]
     assert entry.outcome == "repaired"
+
+
+def _dist_info(site: Path, name: str, version: str, record: str) -> None:
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "RECORD").write_text(record)
+
+
+def test_a_packages_version_is_read_from_its_own_distribution_without_mapping_them_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = tmp_path / "site-packages"
+    _dist_info(site, "ownlib", "1.2.3", "ownlib/__init__.py,,\n")
+    _dist_info(site, "othername", "4.5.6", "renamed/__init__.py,,\n")
+    monkeypatch.syspath_prepend(str(site))
+    mapped: list[bool] = []
+
+    def packages_distributions() -> dict[str, list[str]]:
+        mapped.append(True)
+        return {"renamed": ["othername"]}
+
+    monkeypatch.setattr(importlib.metadata, "packages_distributions", packages_distributions)
+    installed.package_version.cache_clear()
+    try:
+        assert installed.package_version("ownlib") == "1.2.3"
+        assert not mapped  # its own distribution's RECORD lists it: one folder read
+        assert installed.package_version("renamed") == "4.5.6"  # another distribution's module: mapped
+        assert mapped
+    finally:
+        installed.package_version.cache_clear()
