@@ -140,6 +140,13 @@ def _applied_cell(remedy: dict[str, Any] | None) -> str:
     return f"applied: {verdict}; weights vs the fix's plain run: {_equal(remedy['weights_equal_fixed_plain'])}"
 
 
+def _ratio(watched: float | None, plain: float | None) -> str:
+    """Whole-process wall time of the default mode's run over the plain run's (one run each)."""
+    if not watched or not plain:
+        return "–"
+    return f"{watched / plain:.2f}× ({watched:.1f} s / {plain:.1f} s)"
+
+
 def _equal(value: bool | None) -> str:
     return {True: "bitwise equal", False: "✗ differ", None: "–"}[value]
 
@@ -161,16 +168,18 @@ def markdown(doc: dict[str, Any]) -> str:
         "--audit-every 1` (what the detector finds when it audits every boundary). *Growth per step*: the "
         "least-squares slope of glibc's in-use bytes (`mallinfo2` `uordblks + hblkhd`) read right after each "
         "optimizer step, the first two steps left out; *in use*: the median of those readings (compare plain "
-        "with detach within a row, not across releases). *Remedy*: the fix `--mode raise` printed for the holder "
+        "with detach within a row, not across releases). *Wall detach / plain*: the whole process's wall time "
+        "under `gradguard run --mode detach` (the default mode) over the plain run's, imports and start included, "
+        "one run each on a shared machine. *Remedy*: the fix `--mode raise` printed for the holder "
         "(the summary's `fix`), applied by the benchmark: the driver makes the change on the user's side "
         "(`GRADGUARD_FIELD_REMEDY=1`) and runs under `gradguard run --mode raise` on the leaky release, its final "
         "weights compared bitwise with the fixed release's plain run; where the fix is upgrading, the fixed "
         "release's own `raise` run is the check.",
         "",
         "| library | release | `--mode raise` (defaults) | holder gradguard named | found at | with `--audit-every 1` "
-        "| growth / step plain | growth / step detach | in use plain → detach | warn vs plain weights | remedy "
-        "| remedy applied |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| growth / step plain | growth / step detach | in use plain → detach | wall detach / plain "
+        "| warn vs plain weights | remedy | remedy applied |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     checks = {
         "leaks reported": 0, "right holder": 0, "fixes silent": 0, "fixes audited": 0, "weights equal": 0,
@@ -188,6 +197,7 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"| {_verdict_cell(v, leaky)} | {_holder_cell(v)} | {_where(v)} | {_hunt_cell(v)} "
                 f"| {_bytes(plain['growth_bytes_per_step'])} | {_bytes(detach['growth_bytes_per_step'])} "
                 f"| {_size(plain['in_use_median_bytes'])} → {_size(detach['in_use_median_bytes'])} "
+                f"| {_ratio(detach.get('seconds'), plain.get('seconds'))} "
                 f"| {_equal(r['warn_weights_equal_plain'])} "
                 f"| {_remedy_cell(v) if leaky else '–'} | {_applied_cell(result.get('remedy')) if leaky else '–'} |"
             )
