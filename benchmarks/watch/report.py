@@ -266,6 +266,12 @@ def floor_text(figures: dict[str, float]) -> str:
         f"grad_fn read, one shared token put in its metadata) {figures['stamp_us']:.2f} us; the boundary's "
         f"barest signals (torch's node counter, 4 parameters' use counts, one weak reference) "
         f"{figures['signals_us']:.2f} us."
+        + (
+            f" One search of the heap for a holder ({figures['objects']} objects tracked by the collector: one pass "
+            f"keeping the tensors, one gc.get_referrers pass), at least: {figures['search_ms']:.1f} ms."
+            if "search_ms" in figures
+            else ""
+        )
     )
 
 
