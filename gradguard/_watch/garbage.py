@@ -22,7 +22,6 @@ is declined (the signal asks again at the next boundary, in constant time).
 from __future__ import annotations
 
 import gc
-import time
 from collections.abc import Callable
 
 from .governor import SHARE, Governor
@@ -43,7 +42,7 @@ class Collector:
 
     Args:
         governor: The watcher's account (each collection is charged to it).
-        clock: The clock, in seconds (tests inject one).
+        clock: The clock, in seconds (the governor's by default).
         collect: Collects the young generations (tests inject one).
         enabled: Whether the collector runs by itself (tests inject one).
         collections: How many collections ran so far (tests inject one).
@@ -66,13 +65,13 @@ class Collector:
     def __init__(
         self,
         governor: Governor,
-        clock: Callable[[], float] = time.perf_counter,
+        clock: Callable[[], float] | None = None,
         collect: Callable[[], object] = lambda: gc.collect(1),
         enabled: Callable[[], bool] = gc.isenabled,
         collections: Callable[[], int] = _collections,
     ) -> None:
         self._governor = governor
-        self._clock = clock
+        self._clock = clock or governor.clock
         self._collect = collect
         self._enabled = enabled
         self._collections = collections
