@@ -13,8 +13,8 @@ collector first:
 - with the collector disabled (the program collects by hand), it waits for the program's next
   collection, then looks again.
 
-The start-up check that reads the young generations collects them first too (when the collector is
-enabled). A collection of its own is charged to the governor and rationed to :data:`COLLECT_SHARE` of the wall
+The start-up check that reads the young generations collects the youngest first (when the collector
+is enabled). A collection of its own is charged to the governor and rationed to :data:`COLLECT_SHARE` of the wall
 time, the first one free; while it is rationed, or while a disabled collector has not run, the request
 is declined (the signal asks again at the next boundary, in constant time).
 """
@@ -90,10 +90,12 @@ class Collector:
         """Requests whose old graphs a collection freed: cyclic garbage."""
 
     def young(self) -> None:
-        """Before a start-up check that reads the young generations: collect them, when the collector is
-        enabled (the check's own time, charged with it)."""
+        """Before a start-up check that reads the young generations: collect the youngest, when the
+        collector is enabled (the check's own time, charged with it). Only the youngest: what survives
+        moves to the middle one, which the check still reads; collecting both would move what the
+        first step kept to the oldest, out of the check's sight."""
         if self._enabled():
-            self._collect()
+            gc.collect(0)
 
     def garbage(self, oldest: Callable[[], int | None], boundary: int) -> bool | None:
         """Whether an ``old`` request at ``boundary`` is for graphs that are only waiting for the collector.

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
+from _helpers import env
 from torch import nn
 
 import gradguard
@@ -238,3 +242,29 @@ def test_with_the_collector_disabled_a_held_graph_is_reported_after_the_programs
     _step = [1]
     _, _, raised = _train(keep, steps=40, collect_every=10)
     assert raised == 10  # the boundary right after the program's collection (in step 10)
+
+
+def test_the_start_up_collection_leaves_a_first_step_record_in_the_checks_sight(tmp_path: Any) -> None:
+    # The second start-up check reads the young generations; a collection of both before it would move
+    # what the first step kept after its optimizer.step() to the oldest, out of its sight.
+    (tmp_path / "train.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            m = torch.nn.Linear(8, 1)
+            opt = torch.optim.SGD(m.parameters(), 0.1)
+            NORMS = []
+            for s in range(6):
+                loss = m(torch.randn(4, 8)).pow(2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                NORMS.append(m.weight.sum())  # no parameter saved, never backwarded: no signal sees it
+            """
+        )
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "gradguard", "run", "--mode", "raise", "train.py"],
+        capture_output=True, text=True, cwd=tmp_path, env=env(), timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 1 and "NORMS[*]" in run.stderr, run.stderr
