@@ -15,7 +15,7 @@ import torch
 from benchmarks.watch import __doc__ as DOC
 from benchmarks.watch.cost import MIN_STEP_MS, cost_cases, floor, side_by_side
 from benchmarks.watch.library import library_leak
-from benchmarks.watch.loops import fast_run, late_run
+from benchmarks.watch.loops import fast_run, frame_local_run, late_run
 from benchmarks.watch.report import COST_HEADER, HEADER, cost_rows, floor_text, markdown, plot, row, row_text
 from gradguard._tools.bench.machine import measuring
 from gradguard._tools.bench.report import write_json
@@ -50,6 +50,16 @@ def _cases(args: argparse.Namespace) -> Iterator[tuple[str, str, Callable[[bool]
         "growth-then-leak",
         f"leak from {args.growth_start}",
         lambda w: fast_run(device, "growth-then-leak", args.growth_steps, args.growth_start, w),
+    )
+    yield (
+        "thread-backward",
+        f"leak from {args.fast_start}",
+        lambda w: fast_run(device, "thread-backward", args.fast_steps, args.fast_start, w),
+    )
+    yield (
+        "frame-local",
+        f"leak from {args.fast_start}",
+        lambda w: frame_local_run(device, args.fast_steps, args.fast_start, w),
     )
     yield "short-6", "leak from 1", lambda w: fast_run(device, "running-loss", 6, 1, w)
     yield "short-30", "leak from 1", lambda w: fast_run(device, "metric", 30, 1, w)

@@ -7,7 +7,9 @@ neither searches its own objects for holders nor repairs them.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import functools
 import gc
 import sys
 import time
@@ -23,7 +25,18 @@ from gradguard._tools.bench.late_leak import LateLeak
 from gradguard._tools.bench.scenarios import Size
 from gradguard._watch.allocated import AllocatedReader
 
-__all__ = ["LEAKS", "PROGRAM", "Extra", "Fast", "Memory", "fast_run", "late_run", "loop", "watch_figures"]
+__all__ = [
+    "LEAKS",
+    "PROGRAM",
+    "Extra",
+    "Fast",
+    "Memory",
+    "fast_run",
+    "frame_local_run",
+    "late_run",
+    "loop",
+    "watch_figures",
+]
 
 PROGRAM = types.ModuleType("gradguard_watch_benchmark", "the training script of the benchmark's runs")
 sys.modules[PROGRAM.__name__] = PROGRAM  # what the runs keep lives here: the program's state, not gradguard's
@@ -152,6 +165,47 @@ def _gc_off(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None
 @_program("grad-fn-kept")
 def _grad_fn_kept(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None:
     run.state.grad_fns.append(loss.grad_fn)  # nodes no tensor holds
+
+
+_POOL: list[Any] = []  # one worker thread, made at the first use
+
+
+def _worker() -> Any:
+    if not _POOL:
+        _POOL.append(concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gradguard-watch-benchmark"))
+    return _POOL[0]
+
+
+@_program("thread-backward")
+def _thread_backward(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None:
+    if step >= run.start:
+        extra = run.model(torch.randn(64, 128, device=run.device)).pow(2).mean()
+        _worker().submit(extra.backward).result()  # an auxiliary loss backwarded in a worker thread
+        run.state.kept.append(extra)  # the bug: kept with its graph
+
+
+class _Trainer:
+    """A trainer a function makes and keeps in its local while it trains (``trainer = Trainer()`` in
+    ``main()``): its ``history`` is reached from that running frame only."""
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self.history: list[torch.Tensor] = []
+
+    def keep(self, run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -> None:
+        if step >= self.start:
+            self.history.append(loss)  # the bug: the loss with its graph
+
+
+def frame_local_run(device: torch.device, steps: int, start: int, watched: bool) -> dict[str, Any]:
+    """``steps`` fast steps whose losses from ``start`` go into the history of a trainer held by this
+    function's local (after 3 warm-up steps)."""
+    run = Fast(device)
+    memory = Memory(device)
+    for _ in range(3):
+        run.step(_clean, 0)
+    trainer = _Trainer(start)
+    return loop(functools.partial(run.step, trainer.keep), steps, memory, watched, run.close)
 
 
 def fast_run(device: torch.device, leak: str, steps: int, start: int, watched: bool) -> dict[str, Any]:
