@@ -52,6 +52,8 @@ def test_watch_benchmark_quick_run(tmp_path: Path) -> None:
         "late/pp-last-stage clean",
         "fast/eval-forward",
         "growth-then-leak",
+        "thread-backward",
+        "frame-local",
         "short-6",
         "short-30",
         "fast/clean",
@@ -62,7 +64,8 @@ def test_watch_benchmark_quick_run(tmp_path: Path) -> None:
         "library-leak/30",
         "library-leak/60",
     }
-    for name in ("late/pp-last-stage", "fast/eval-forward", "short-6", "short-30"):  # each leak is reported
+    leaks = ("late/pp-last-stage", "fast/eval-forward", "thread-backward", "frame-local", "short-6", "short-30")
+    for name in leaks:  # each leak is reported
         watched = cases[name]["watched"]
         assert watched["reported_at"] is not None and watched["holders"], name
     for name in ("fast/clean", "sawtooth", "late/pp-last-stage clean"):  # the clean runs are silent

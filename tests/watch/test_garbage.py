@@ -230,7 +230,7 @@ def test_a_graph_held_in_a_program_that_also_makes_cyclic_garbage_is_still_repor
         _, _, raised = _train(both, steps=40)
     finally:
         gc.set_threshold(*threshold)
-    assert raised == 22
+    assert raised is not None and 20 <= raised <= 22  # by the old signal at 22, or an earlier audit
 
 
 def test_with_the_collector_disabled_a_held_graph_is_reported_after_the_programs_collection() -> None:
