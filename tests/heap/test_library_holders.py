@@ -126,19 +126,23 @@ def test_torchs_own_modules_are_the_programs_whoever_defines_the_model() -> None
     assert entry.outcome == "repaired"
 
 
-def _dist_info(site: Path, name: str, version: str, record: str) -> None:
+def _dist_info(site: Path, name: str, version: str, module: str) -> None:
+    """A distribution ``name`` installed in ``site`` with the package ``module`` (its file exists: newer
+    Pythons list only the files of a RECORD that do)."""
     info = site / f"{name}-{version}.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    (info / "RECORD").write_text(record)
+    (info / "RECORD").write_text(f"{module}/__init__.py,,\n")
+    (site / module).mkdir()
+    (site / module / "__init__.py").write_text("")
 
 
 def test_a_packages_version_is_read_from_its_own_distribution_without_mapping_them_all(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     site = tmp_path / "site-packages"
-    _dist_info(site, "ownlib", "1.2.3", "ownlib/__init__.py,,\n")
-    _dist_info(site, "othername", "4.5.6", "renamed/__init__.py,,\n")
+    _dist_info(site, "ownlib", "1.2.3", "ownlib")
+    _dist_info(site, "othername", "4.5.6", "renamed")
     monkeypatch.syspath_prepend(str(site))
     mapped: list[bool] = []
 
