@@ -41,26 +41,14 @@ def _cases(args: argparse.Namespace) -> Iterator[tuple[str, str, Callable[[bool]
             "clean",
             functools.partial(late_run, name, device, args.clean_steps // 4, None, micro_batches=args.micro_batches),
         )
-    yield (
-        "fast/eval-forward",
-        f"leak from {args.fast_start}",
-        lambda w: fast_run(device, "eval-forward", args.fast_steps, args.fast_start, w),
-    )
-    yield (
-        "growth-then-leak",
-        f"leak from {args.growth_start}",
-        lambda w: fast_run(device, "growth-then-leak", args.growth_steps, args.growth_start, w),
-    )
-    yield (
-        "thread-backward",
-        f"leak from {args.fast_start}",
-        lambda w: fast_run(device, "thread-backward", args.fast_steps, args.fast_start, w),
-    )
-    yield (
-        "frame-local",
-        f"leak from {args.fast_start}",
-        lambda w: frame_local_run(device, args.fast_steps, args.fast_start, w),
-    )
+    fast, growth = (args.fast_steps, args.fast_start), (args.growth_steps, args.growth_start)
+    for case, program, (steps, start) in (
+        ("fast/eval-forward", "eval-forward", fast),
+        ("growth-then-leak", "growth-then-leak", growth),
+        ("thread-backward", "thread-backward", fast),
+    ):
+        yield case, f"leak from {start}", functools.partial(fast_run, device, program, steps, start)
+    yield "frame-local", f"leak from {fast[1]}", functools.partial(frame_local_run, device, *fast)
     yield "short-6", "leak from 1", lambda w: fast_run(device, "running-loss", 6, 1, w)
     yield "short-30", "leak from 1", lambda w: fast_run(device, "metric", 30, 1, w)
     yield "fast/clean", "clean", lambda w: fast_run(device, "clean", args.clean_steps, 0, w)
