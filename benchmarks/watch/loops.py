@@ -167,13 +167,10 @@ def _grad_fn_kept(run: Fast, step: int, loss: torch.Tensor, out: torch.Tensor) -
     run.state.grad_fns.append(loss.grad_fn)  # nodes no tensor holds
 
 
-_POOL: list[Any] = []  # one worker thread, made at the first use
-
-
-def _worker() -> Any:
-    if not _POOL:
-        _POOL.append(concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gradguard-watch-benchmark"))
-    return _POOL[0]
+@functools.cache
+def _worker() -> concurrent.futures.ThreadPoolExecutor:
+    """One worker thread, made at the first use."""
+    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gradguard-watch-benchmark")
 
 
 @_program("thread-backward")
@@ -197,24 +194,26 @@ class _Trainer:
             self.history.append(loss)  # the bug: the loss with its graph
 
 
+def _warmed(device: torch.device, start: int) -> tuple[Fast, Memory]:
+    """A fast run whose leak starts at ``start``, after 3 warm-up steps, and its memory reader."""
+    run = Fast(device)
+    run.start = start
+    for _ in range(3):  # warm-up, unwatched, before the run's state exists: lazy initialisation
+        run.step(_clean, 0)
+    return run, Memory(device)
+
+
 def frame_local_run(device: torch.device, steps: int, start: int, watched: bool) -> dict[str, Any]:
     """``steps`` fast steps whose losses from ``start`` go into the history of a trainer held by this
     function's local (after 3 warm-up steps)."""
-    run = Fast(device)
-    memory = Memory(device)
-    for _ in range(3):
-        run.step(_clean, 0)
+    run, memory = _warmed(device, start)
     trainer = _Trainer(start)
     return loop(functools.partial(run.step, trainer.keep), steps, memory, watched, run.close)
 
 
 def fast_run(device: torch.device, leak: str, steps: int, start: int, watched: bool) -> dict[str, Any]:
     """``steps`` fast steps of program ``leak`` (from step ``start`` where it starts), after 3 warm-up steps."""
-    run = Fast(device)
-    run.start = start
-    memory = Memory(device)
-    for _ in range(3):  # warm-up, unwatched, before the run's state exists: lazy initialisation
-        run.step(_clean, 0)
+    run, memory = _warmed(device, start)
     return loop(lambda n: run.step(LEAKS[leak], n), steps, memory, watched, run.close)
 
 
