@@ -14,9 +14,10 @@ collector first:
   collection, then looks again.
 
 The start-up check that reads the young generations collects the youngest first (when the collector
-is enabled). A collection of its own is charged to the governor and rationed to :data:`COLLECT_SHARE` of the wall
-time, the first one free; while it is rationed, or while a disabled collector has not run, the request
-is declined (the signal asks again at the next boundary, in constant time).
+is enabled). A collection of its own is charged to the governor and rationed to
+:data:`COLLECT_SHARE` of the wall time, the first one free; while it is rationed, or while a disabled
+collector has not run, the request is declined (the signal asks again at the next boundary, in
+constant time).
 """
 
 from __future__ import annotations
