@@ -207,6 +207,8 @@ class Auditor:
             verdicts = judge(findings, born_at, _survived(state, sources), own_age, liveness, params, watched)
             leaks = verdicts.leaks
             self._records.note(verdicts.bounded, BOUNDED, self._boundaries())
+            # Followed by name too: one that keeps its graph a boundary more is then judged without a search.
+            self._known.remember(verdicts.bounded)
             leaking = {id(leak.finding.tensors[i]) for leak in leaks for i in leak.leaking}
             pending = [
                 born_at[id(t)].born for f in findings for t in f.tensors if id(t) in born_at and id(t) not in leaking

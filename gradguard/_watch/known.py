@@ -1,7 +1,8 @@
 """The holders a watcher found leaking, followed by name: read again without a pass over the heap, and in
 ``detach`` mode refilled (the dead graphs they took since, repaired).
 
-A leaking holder reached from a module global or from a running function's local is remembered as a
+A leaking holder reached from a module global or from a running function's local, or one found keeping a
+graph for one boundary (it may keep it for a second), is remembered as a
 :class:`~gradguard._watch.recipes.Recipe` (up to :data:`MOST`, the least recently found forgotten
 first). When the old-graph signal asks, these are read first; while a holder ``detach`` repaired keeps
 filling, its newest records are read at every boundary and their dead graphs repaired: the holder was
@@ -44,7 +45,8 @@ class Known:
             return list(self._recipes.values())
 
     def remember(self, leaks: Iterable[Leak]) -> None:
-        """The holders of ``leaks``, by name: read again at later boundaries without searching the heap."""
+        """The holders of ``leaks`` (leaking, or bounded so far), by name: read again at later boundaries
+        without searching the heap."""
         with self._lock:
             for leak in leaks:
                 recipe = Recipe.of(leak.finding.paths[leak.leaking[0]])
