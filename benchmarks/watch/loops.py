@@ -258,7 +258,8 @@ def watch_figures(w: Any, wall: float) -> dict[str, Any]:
 
     ``share_after_start``: the watch's whole time after the start-up check (audits, reads, repairs,
     stamps and signals) over the wall time after it; ``own_share``: ``own_seconds`` over the wall time;
-    ``stamp_us``: microseconds per backward's roots stamped; ``boundary_us``: microseconds of the
+    ``stamp_us``: microseconds per backward's roots stamped; ``below_us``: microseconds per backward of
+    stamping below the roots (when due: a share of the wall time); ``boundary_us``: microseconds of the
     constant-time work per boundary."""
     g = w._governor
     history = w.history()
@@ -276,11 +277,13 @@ def watch_figures(w: Any, wall: float) -> dict[str, Any]:
         "startup_s": g.startup,
         "spent_s": g.spent,
         "stamping_s": g.stamping,
+        "below_s": g.below,
         "signals_s": g.signals,
         "own_s": w.own_seconds,
         "own_share": w.own_seconds / max(wall, 1e-9),
-        "share_after_start": (g.spent + g.stamping + g.signals) / after,
+        "share_after_start": (g.spent + g.hot) / after,
         "stamp_us": 1e6 * g.stamping / max(1, g.backwards),
+        "below_us": 1e6 * g.below / max(1, g.backwards),
         "boundary_us": 1e6 * g.signals / max(1, w.boundaries),
         "summary": w.summary(),
     }

@@ -56,25 +56,29 @@ class HeldParameters:
 
     def __call__(self) -> int | None:
         refs = self._refs
-        if _use_count is None or not refs:
-            return None
         n = len(refs)
-        start = self._next
-        end = start + SAMPLE
-        self._next = end % n
+        if _use_count is None or not n:
+            return None
         last = self._last
+        i = self._next
+        level = self.level
         read = False
-        for i in range(start, end) if end <= n else [*range(start, n), *range(min(end - n, start))]:
+        for _ in range(SAMPLE if SAMPLE < n else n):
             p = refs[i]()
-            if p is None:
-                continue
-            try:
-                count = _use_count(p)
-            except (RuntimeError, TypeError):  # a tensor subclass without a TensorImpl of its own
-                continue
-            before = last[i]
-            if before is not None:
-                self.level += count - before
-            last[i] = count
-            read = True
-        return self.level if read else None
+            if p is not None:
+                try:
+                    count = _use_count(p)
+                except (RuntimeError, TypeError):  # a tensor subclass without a TensorImpl of its own
+                    pass
+                else:
+                    before = last[i]
+                    if before is not None:
+                        level += count - before
+                    last[i] = count
+                    read = True
+            i += 1
+            if i == n:
+                i = 0
+        self._next = i
+        self.level = level
+        return level if read else None

@@ -14,14 +14,13 @@ The design: ``docs/how-it-works.md`` (*Stamps*).
 
 from __future__ import annotations
 
-import collections
 import itertools
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["Ledger", "Stamp", "epochs_below", "metadata_of", "node_key", "oldest_below", "roots_of"]
+__all__ = ["Ledger", "Stamp", "epochs_below", "metadata_of", "node_key", "oldest_below"]
 
 _serial = itertools.count(1)
 
@@ -49,18 +48,6 @@ def metadata_of(node: Any) -> dict[Any, Any] | None:
     except (AttributeError, RuntimeError):
         return None
     return metadata if type(metadata) is dict else None
-
-
-def roots_of(roots: Iterable[Any]) -> list[Any]:
-    """The graph nodes of a backward's roots: a tensor's ``grad_fn``, a ``GradientEdge``'s node."""
-    nodes = []
-    for root in roots:
-        node = getattr(root, "grad_fn", None)
-        if node is None:
-            node = getattr(root, "node", None)  # torch.autograd.graph.GradientEdge
-        if node is not None:
-            nodes.append(node)
-    return nodes
 
 
 class Stamp:
@@ -91,18 +78,20 @@ class Ledger:
 
     :meth:`place` stamps a node (once; ``refresh=True`` moves it to a later epoch's *used* stamp);
     :meth:`stamp_roots` is the same for a backward's roots, on the hot path. :meth:`oldest_alive` gives the
-    earliest epoch up to a boundary whose counted stamp is alive, reading a weak reference per epoch
-    once it is old, then only the earliest one still alive: it costs the same on any heap and
-    whatever the number of nodes. :meth:`judged` stops counting a node whose graph was judged.
-    :meth:`settle` sets the horizon at or below which old stamps were looked at by an audit.
+    earliest epoch up to a boundary whose counted stamp is alive: each counted stamp's weak reference
+    leaves the ledger's books when the stamp dies (its callback), so the books hold the epochs alive,
+    earliest first, and the answer is their first entry: it costs the same on any heap and whatever the
+    number of nodes. :meth:`judged` stops counting a node whose graph was judged. :meth:`settle` sets the
+    horizon at or below which old stamps were looked at by an audit.
     """
 
     __slots__ = (
-        "_buckets",
-        "_checked",
         "_current",
+        "_gone",
+        "_last",
         "_lock",
-        "_old",
+        "_open",
+        "_ordered",
         "_settled",
         "_tokens",
         "first_key",
@@ -117,16 +106,27 @@ class Ledger:
         self.first_key = self.key + ".first"
         """The key of the epoch a node was first stamped at, once a later use moved its stamp."""
         self._tokens: dict[tuple[int, int], weakref.ref[Stamp]] = {}
-        self._buckets: dict[int, list[weakref.ref[Stamp]]] = {}  # epochs not old yet: their counted stamps
-        self._old: collections.deque[weakref.ref[Stamp]] = collections.deque()  # old, above the horizon
-        self._settled: list[weakref.ref[Stamp]] = []  # old, at or below the horizon
-        self._checked = -1
+        # The counted stamps alive, by weak reference: above the horizon (earliest epoch first while
+        # _ordered), and at or below it. Both dicts are mutated in place only: _gone refers to them.
+        self._open: dict[weakref.ref[Stamp], int] = {}
+        self._settled: dict[weakref.ref[Stamp], int] = {}
+        self._ordered = True
+        self._last = -1  # the latest epoch put in _open
         self._current: Stamp | None = None  # the newest epoch's fresh stamp, kept while that epoch is young
         self._lock = threading.Lock()
         self.horizon = -1
         """Stamps of epochs up to here were looked at by an audit."""
         self.placed = 0
         """Nodes stamped so far."""
+        opened, settled = self._open, self._settled
+
+        def gone(ref: weakref.ref[Stamp]) -> None:
+            # A stamp died (its last node was freed, in whatever thread): one atomic pop each, no lock,
+            # and no reference to the ledger (a stamp may die while the ledger holds its lock).
+            if opened.pop(ref, None) is None:
+                settled.pop(ref, None)
+
+        self._gone = gone
 
     # --- placing ----------------------------------------------------------------------------------
 
@@ -135,40 +135,49 @@ class Ledger:
         token = None if ref is None else ref()
         if token is None:
             token = Stamp(epoch, kind)
-            ref = self._tokens[(epoch, kind)] = weakref.ref(token)
             if token.counted:
-                if epoch > self._checked:
-                    self._buckets.setdefault(epoch, []).append(ref)
-                elif epoch > self.horizon:
-                    self._old.append(ref)
-                    if len(self._old) > 1 and _epoch(self._old[-2]) > epoch:
-                        self._old = collections.deque(sorted(self._old, key=_epoch))
+                ref = weakref.ref(token, self._gone)
+                if epoch > self.horizon:
+                    if epoch < self._last:
+                        self._ordered = False
+                    self._last = max(self._last, epoch)
+                    self._open[ref] = epoch
                 else:
-                    self._settled.append(ref)
-            if len(self._tokens) > 256 and len(self._tokens) > 4 * (len(self._buckets) + len(self._old) + 16):
+                    self._settled[ref] = epoch
+            else:
+                ref = weakref.ref(token)
+            self._tokens[(epoch, kind)] = ref
+            if len(self._tokens) > 256 and len(self._tokens) > 4 * (len(self._open) + len(self._settled) + 16):
                 self._tokens = {k: r for k, r in self._tokens.items() if r() is not None}
         return token
 
-    def stamp_roots(self, roots: Sequence[Any], epoch: int) -> list[Any]:
-        """A backward from ``roots`` (its nodes) starts at ``epoch``: a node with no stamp gets the epoch's,
-        one stamped at an earlier epoch gets the epoch's *used* one (its graph is in use again). Returns
-        the nodes stamped for the first time."""
+    def stamp_roots(self, roots: Iterable[Any], epoch: int) -> list[Any]:
+        """A backward from ``roots`` (tensors, gradient edges or nodes) starts at ``epoch``: a root's node
+        with no stamp gets the epoch's, one stamped at an earlier epoch gets the epoch's *used* one (its
+        graph is in use again). Returns the nodes stamped for the first time."""
         token = self._current
         if token is None or token.epoch != epoch:
             token = self._current = self._token(epoch, FRESH)
         key = self.key
         new = []
-        for node in roots:
-            metadata = node.metadata
+        for root in roots:
+            try:
+                node = root.grad_fn
+            except AttributeError:
+                node = getattr(root, "node", root)  # a GradientEdge's node, or a node itself
+            try:
+                metadata = node.metadata
+            except AttributeError:  # None (a root that needs no grad), or not a node
+                continue
             found = metadata.get(key)
             if found is None:
-                sequence = node._sequence_nr()
                 metadata[key] = token
-                token.sequences.append(sequence)
+                token.sequences.append(node._sequence_nr())
                 new.append(node)
             elif found.epoch < epoch:
                 self.used(metadata, found, epoch, node._sequence_nr())
-        self.placed += len(new)
+        if new:
+            self.placed += len(new)
         return new
 
     def place(self, node: Any, epoch: int, refresh: bool = False) -> bool:
@@ -234,45 +243,52 @@ class Ledger:
 
     # --- reading ----------------------------------------------------------------------------------
 
-    def due(self, through: int) -> bool:
-        """Whether :meth:`oldest_alive` has anything to look at up to ``through`` (else it would say ``None``)."""
-        if self._old:
-            return True
-        buckets = self._buckets
-        return bool(buckets) and next(iter(buckets)) <= through
-
     def oldest_alive(self, through: int) -> int | None:
         """The earliest epoch in ``(horizon, through]`` whose counted stamp is alive, or ``None``."""
-        with self._lock:
-            self._age(through)
-            old = self._old
-            while old:
-                token = old[0]()
-                if token is not None and token.counted:
-                    return token.epoch
-                old.popleft()
+        current = self._current
+        if current is not None and current.epoch <= through:
+            self._current = None  # the ledger must not keep an old epoch's stamp alive
+        opened = self._open
+        if not opened:
             return None
+        if not self._ordered:
+            self._sort()
+        while True:
+            try:
+                epoch = next(iter(opened.values()), None)
+            except RuntimeError:  # a stamp died in another thread meanwhile
+                continue
+            return epoch if epoch is not None and epoch <= through else None
+
+    def _sort(self) -> None:
+        with self._lock:
+            items = sorted(list(self._open.items()), key=lambda item: item[1])
+            self._open.clear()
+            self._open.update(items)
+            self._ordered = True
 
     def settle(self, horizon: int) -> None:
         """Stamps of epochs up to ``horizon`` were looked at by an audit: :meth:`oldest_alive` no longer asks
         about them."""
         with self._lock:
+            opened, settled = self._open, self._settled
             if horizon < self.horizon:
-                back = [r for r in self._settled if (s := r()) is not None and s.epoch > horizon]
-                self._settled = [r for r in self._settled if (s := r()) is not None and s.epoch <= horizon]
-                self._old = collections.deque(sorted([*back, *self._old], key=_epoch))
-            while self._old and _epoch(self._old[0]) <= horizon:
-                ref = self._old.popleft()
-                if ref() is not None:
-                    self._settled.append(ref)
+                back = [(r, e) for r, e in list(settled.items()) if e > horizon]
+                for ref, _ in back:
+                    settled.pop(ref, None)
+                opened.update(back)
+                self._ordered = False
+            for ref, epoch in list(opened.items()):
+                if epoch <= horizon and opened.pop(ref, None) is not None and ref() is not None:
+                    settled[ref] = epoch
             self.horizon = horizon
+        if not self._ordered:
+            self._sort()
 
     def alive(self, through: int) -> int:
         """How many epochs up to ``through`` have a counted stamp alive (graphs of that many steps)."""
-        with self._lock:
-            self._age(through)
-            self._settled = [r for r in self._settled if (s := r()) is not None and s.counted]
-            return len({s.epoch for s in self._alive(self._settled, self._old) if s.epoch <= through})
+        epochs = [*list(self._settled.values()), *list(self._open.values())]
+        return len({e for e in epochs if e <= through})
 
     def keys(self) -> frozenset[Key]:
         """The sequence numbers of every node a stamp alive was put in: a node whose number is not among
@@ -285,34 +301,9 @@ class Ledger:
                 found.update(token.sequences)
         return frozenset(found)
 
-    def _alive(self, *groups: Iterable[weakref.ref[Stamp]]) -> list[Stamp]:
-        return [s for group in groups for s in map(_deref, group) if s is not None and s.counted]
-
-    def _age(self, through: int) -> None:
-        """Move the counted stamps of the epochs up to ``through`` to the old ones, forgetting the dead."""
-        if self._current is not None and self._current.epoch <= through:
-            self._current = None  # the ledger must not keep an old epoch's stamp alive
-        if through <= self._checked:
-            return
-        buckets = self._buckets
-        if through - self._checked <= 8:  # the common case: one boundary more
-            epochs: Iterable[int] = range(self._checked + 1, through + 1)
-        else:
-            epochs = sorted(e for e in buckets if e <= through)
-        for epoch in epochs:
-            for ref in buckets.pop(epoch, ()):
-                if ref() is not None:
-                    (self._settled if epoch <= self.horizon else self._old).append(ref)
-        self._checked = through
-
 
 def _deref(ref: weakref.ref[Stamp]) -> Stamp | None:
     return ref()
-
-
-def _epoch(ref: weakref.ref[Stamp]) -> int:
-    token = ref()
-    return -1 if token is None else token.epoch
 
 
 def oldest_below(

@@ -33,7 +33,7 @@ class Governor:
         clock: The clock, in seconds (tests inject one).
     """
 
-    __slots__ = ("_lock", "backwards", "clock", "signals", "spent", "started", "startup", "stamping")
+    __slots__ = ("_lock", "backwards", "below", "clock", "signals", "spent", "started", "startup", "stamping")
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self.clock = clock
@@ -49,6 +49,8 @@ class Governor:
         contention costs a rounding error, a lock on every backward costs more)."""
         self.backwards = 0
         """Backwards seen (their roots stamped)."""
+        self.below = 0.0
+        """Seconds of stamping the nodes below the roots, at the backwards it was due at (without a lock)."""
         self.signals = 0.0
         """Seconds of constant-time work at boundaries (the signals, the boundary's bookkeeping)."""
 
@@ -88,8 +90,8 @@ class Governor:
 
     @property
     def hot(self) -> float:
-        """Seconds of constant-time work at backwards and boundaries."""
-        return self.stamping + self.signals
+        """Seconds of constant-time work at backwards (their roots, and below them) and boundaries."""
+        return self.stamping + self.below + self.signals
 
     @property
     def seconds(self) -> float:

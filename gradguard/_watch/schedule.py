@@ -145,9 +145,13 @@ class Schedule:
             if made.cpu_source == "statm" and memory.floor < RESIDENT_FLOOR:
                 memory = dataclasses.replace(memory, floor=RESIDENT_FLOOR)
             self._reader, self._trigger = made, Trigger(memory)
-        self._quiet_until = -math.inf  # before this time, a boundary with no signal asks for nothing
-        self._retry_due: float = math.inf
-        self._boundary = 0
+        self.quiet_until = -math.inf
+        """Before this time, a boundary with no signal, past the start-up check and before
+        :attr:`retry_due`, asks for nothing: the caller may skip :meth:`boundary` for it (see
+        :meth:`_plan_quiet`), telling :attr:`seen` the boundary's number."""
+        self.retry_due: float = math.inf
+        self.seen = 0
+        """The number of the last boundary seen."""
         self._grown_at_audit = 0  # how far the memory figure had grown at the last audit it asked for
         self.readings: dict[str, int] = {}  # the last memory figure read
         self.first_readings: dict[str, int] = {}  # the first one after the start-up check
@@ -169,9 +173,9 @@ class Schedule:
     def restart(self) -> None:
         """A new entry of the watch: its next boundaries are a start-up check again, and every signal asks
         at once again."""
-        self.startup = self._boundary + STARTUP
+        self.startup = self.seen + STARTUP
         self._signals = _signals()
-        self._quiet_until = -math.inf
+        self.quiet_until = -math.inf
 
     def boundary(self, now: float, boundary: int, old: int | None, held: Mapping[str, int] | None) -> Reason | None:
         """The thread's boundary number ``boundary`` (from 1), at ``now``: why to audit it, or ``None``.
@@ -182,11 +186,11 @@ class Schedule:
             old: The earliest epoch of a counted stamp alive above the last audit's horizon, or ``None``.
             held: The sampled parameters' reference count by name, when it changed (else ``None``).
         """
-        self._boundary = boundary
+        self.seen = boundary
         if self.started is None:
             self.started = now
             self.governor.start(now)
-        elif old is None and not held and now < self._quiet_until and self.startup < boundary < self._retry_due:
+        elif old is None and not held and now < self.quiet_until and self.startup < boundary < self.retry_due:
             return None  # the common boundary: no signal, nothing due on time (see _plan_quiet)
         hunting = self.every != "auto"
         if boundary > self.startup and hunting and boundary % self.every:  # type: ignore[operator]
@@ -262,15 +266,15 @@ class Schedule:
         """When the next boundary without a signal can be skipped at once: until the memory figure or the
         backstop is due (hunting checks only its every-th boundaries), and before a retry is due."""
         if self.every != "auto":
-            self._quiet_until, self._retry_due = -math.inf, 1 << 62
+            self.quiet_until, self.retry_due = -math.inf, 1 << 62
             return
         g = self.governor
         if self.started is None or g.started is None:
             return
         backstop = g.started + (g.hot + g.spent + self.estimate()) / BACKSTOP_SHARE
         reading = self._reader.next_due() if self._reader is not None else math.inf
-        self._quiet_until = min(backstop, reading)
-        self._retry_due = math.inf if self.retry_at is None else self.retry_at
+        self.quiet_until = min(backstop, reading)
+        self.retry_due = math.inf if self.retry_at is None else self.retry_at
 
     def audited(
         self,
@@ -278,7 +282,6 @@ class Schedule:
         reason: Reason,
         *,
         new: bool,
-        found: bool,
         unexplained: bool,
         boundary: int,
         pending: bool = False,
@@ -290,7 +293,6 @@ class Schedule:
             cost: Its wall time.
             reason: Why it ran.
             new: It found a leak no audit had reported.
-            found: It found any leak.
             unexplained: Old graphs are still alive that it found no holder for (looked for again later,
                 less and less often).
             boundary: The boundary's number.

@@ -22,6 +22,7 @@ from .._graph.held import HeldParameters
 from .._graph.stamps import Ledger, Stamp, metadata_of, node_key
 from .criterion import Clock
 from .garbage import Collector
+from .governor import Governor
 from .schedule import Schedule
 
 __all__ = ["DEEP_NODES", "DEEP_SHARE", "STAMP_FIRST", "ParameterCount", "ThreadState", "arm", "stamp_backward"]
@@ -127,23 +128,29 @@ class _Rate:
         self.next = end + min(self.costs) / self.share
 
 
-def stamp_backward(state: ThreadState, nodes: Sequence[Any], *, whole_graph: bool) -> None:
-    """At the start of a backward from ``nodes`` (its roots' nodes): every root is stamped (one stamped
-    before moves to now: its graph is in use again), and when due (see :data:`DEEP_SHARE`) the nodes
-    nearest below the new ones (the whole graph when ``whole_graph``: with ``every=N``)."""
+def stamp_backward(state: ThreadState, roots: Sequence[Any], governor: Governor, *, whole_graph: bool) -> None:
+    """At the start of a backward from ``roots`` (its root tensors, edges or nodes): every root is stamped
+    (one stamped before moves to now: its graph is in use again), charged to ``governor.stamping``; when
+    due (see :data:`DEEP_SHARE`), the nodes nearest below the new ones too (the whole graph when
+    ``whole_graph``: with ``every=N``), charged to ``governor.below``."""
+    start = _clock()
     epoch = state.clock.boundaries
-    ledger = state.ledger
-    new = ledger.stamp_roots(nodes, epoch)
+    new = state.ledger.stamp_roots(roots, epoch)
     state.backwards += 1
+    now = _clock()
+    governor.stamping += now - start
+    governor.backwards += 1
     if not new:
         return
     if whole_graph or epoch < STAMP_FIRST:
-        _stamp_below(new, ledger, epoch, None if whole_graph else DEEP_NODES)
+        _stamp_below(new, state.ledger, epoch, None if whole_graph else DEEP_NODES)
+    elif now >= state.deep.next:
+        _stamp_below(new, state.ledger, epoch, DEEP_NODES)
+    else:
         return
-    start = _clock()
-    if start >= state.deep.next:
-        _stamp_below(new, ledger, epoch, DEEP_NODES)
-        state.deep.ran(start, _clock())
+    end = _clock()
+    state.deep.ran(now, end)
+    governor.below += end - now
 
 
 def arm(state: ThreadState, node: Any, boundary: int) -> bool:

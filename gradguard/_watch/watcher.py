@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .._graph.stamps import Ledger, roots_of
+from .._graph.stamps import Ledger
 from .._heap.census import promotions
 from .._policy.modes import DETACH, OFF, Mode, normalize_mode, resolve
 from . import backwards
@@ -38,6 +38,7 @@ from .trigger import TriggerSettings
 __all__ = ["STORE", "Every", "HolderHistory", "Watcher"]
 
 _clock = time.perf_counter
+_sequence_nr = torch.autograd._get_sequence_nr
 
 
 class Watcher:
@@ -121,20 +122,14 @@ class Watcher:
             handle.remove()
 
     def _on_backward(self, roots: Sequence[Any]) -> None:
-        start = _clock()
-        nodes = roots_of(roots)
-        if nodes:
-            try:
-                state: ThreadState = self._local.state
-            except AttributeError:
-                state = self._primary or self._state()
-            else:
-                if not state.clock.boundaries and self._primary is not None:
-                    state = self._primary  # a thread that never stepped feeds the optimizer of one that does
-            stamp_backward(state, nodes, whole_graph=self.every != "auto")
-        governor = self._governor
-        governor.stamping += _clock() - start
-        governor.backwards += 1
+        try:
+            state: ThreadState = self._local.state
+        except AttributeError:
+            state = self._primary or self._state()
+        else:
+            if not state.clock.boundaries and self._primary is not None:
+                state = self._primary  # a thread that never stepped feeds the optimizer of one that does
+        stamp_backward(state, roots, self._governor, whole_graph=self.every != "auto")
 
     # ---------------------------------------------------------------------------------------------
     # Boundaries
@@ -179,7 +174,7 @@ class Watcher:
             state = self._state()
         if state.busy:
             return None
-        sequence = torch.autograd._get_sequence_nr()
+        sequence = _sequence_nr()
         if sequence == state.sequence and source not in state.stepped:
             # another optimizer (or a callback) at the same step: one boundary, which ages its graphs too
             state.stepped.add(source)
@@ -206,15 +201,20 @@ class Watcher:
         if mode == OFF:
             self._governor.signals += _clock() - start
             return None
-        ledger = state.ledger
-        through = boundary - state.schedule.old
-        old = ledger.oldest_alive(through) if ledger.due(through) else None
+        ledger, schedule = state.ledger, state.schedule
+        through = boundary - schedule.old
+        old = ledger.oldest_alive(through)
         count = held.read()
         changed = None
         if count is not None and count != held.last:
             held.last = count
             changed = {held.name: count}
-        reason = state.schedule.boundary(start, boundary, old, changed)
+        quiet = start < schedule.quiet_until and schedule.startup < boundary < schedule.retry_due
+        if quiet and old is None and changed is None:
+            schedule.seen = boundary  # the common boundary: Schedule.boundary would say None at once
+            reason: Reason | None = None
+        else:
+            reason = schedule.boundary(start, boundary, old, changed)
         self._governor.signals += _clock() - start
         if reason == "old" and self.every == "auto":  # hunting acts on every request, whatever it costs
             garbage = state.collector.garbage(lambda: ledger.oldest_alive(through), boundary)
@@ -278,7 +278,6 @@ class Watcher:
         state.busy = True
         known = self._records.keys()
         start = _clock()
-        report: RetentionReport | None = None
         raised: BaseException | None = None
         searched: list[bool] = []
         young = False
@@ -298,7 +297,6 @@ class Watcher:
             return self._auditor.audit(state, boundary, sources, optimizers, mode, young, searched)
         except BaseException as error:
             raised = error
-            report = getattr(error, "report", None)
             raise
         finally:
             self._records.measure_repairs(state)
@@ -318,7 +316,6 @@ class Watcher:
                 cost,
                 reason,
                 new=new,
-                found=bool(report),
                 unexplained=state.unexplained > 0,
                 boundary=boundary,
                 pending=state.ledger.horizon < boundary - state.schedule.old,

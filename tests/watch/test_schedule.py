@@ -64,7 +64,6 @@ class Run:
         held: Mapping[str, int] | None = None,
         *,
         new: bool = False,
-        found: bool = False,
         pending: bool = False,
         partial: bool = False,
     ) -> str | None:
@@ -78,7 +77,6 @@ class Run:
                 self.cost,
                 reason,
                 new=new,
-                found=found,
                 unexplained=False,
                 boundary=self.boundary,
                 pending=pending,
@@ -158,7 +156,7 @@ def test_known_leaks_found_again_back_off_within_the_share() -> None:
     for _ in range(STARTUP):
         run()
     for b in range(3, 2000):
-        run(old=b - 3, found=True)  # warn mode: the same leak, found again at every search
+        run(old=b - 3)  # warn mode: the same leak, found again at every search (nothing new)
     searches = len(run.audited_at("old"))
     assert 1 <= searches <= SHARE * run.now / 0.05 + 2
 
@@ -197,7 +195,7 @@ def test_old_graphs_no_holder_was_found_for_are_looked_for_again_less_and_less_o
         if reason is not None:
             looked.append((b, reason))
             schedule.governor.charge(0.001, startup=reason == "start")
-            schedule.audited(0.001, reason, new=False, found=False, unexplained=True, boundary=b)
+            schedule.audited(0.001, reason, new=False, unexplained=True, boundary=b)
     retries = [b for b, reason in looked if reason == "retry"]
     gaps = [b - a for a, b in zip(retries, retries[1:])]
     assert looked[0] == (1, "start") and 3 <= len(retries) <= 12
@@ -324,7 +322,7 @@ def test_every_backward_is_stamped_and_below_its_roots_within_a_share(monkeypatc
     for _ in range(400):
         loss = ((x * 2).exp() * 3).sum()
         placed = state.ledger.placed
-        _threads.stamp_backward(state, (loss.grad_fn,), whole_graph=False)
+        _threads.stamp_backward(state, (loss,), Governor(), whole_graph=False)
         roots.append(state.ledger.placed > placed)
         below.append(state.ledger.placed > placed + 1)
         state.clock.tick(None)
