@@ -39,3 +39,51 @@ def test_the_search_that_found_the_holder_is_counted_in_the_report(mode: str, tm
     figures = report["figures"]
     assert report["holders"] and figures["audits"] >= 1
     assert figures["searches"] >= 1, f"{mode}: {figures}"
+
+
+METRIC = """
+import torch
+
+class Metric:
+    def __init__(self):
+        self.total = torch.zeros(())
+
+    def update(self, value):
+        self.total = self.total + value  # the bug: its graph is kept, step after step
+"""
+
+
+def test_a_holder_found_keeping_a_graph_for_one_boundary_is_judged_again_without_a_second_search() -> None:
+    """The start-up check finds the metric keeping the first step's graph for one boundary (bounded so far);
+    at the next boundary it keeps it for two: that holder is read again by name, and no second search of
+    the heap runs to report it."""
+    import gc
+    import warnings
+
+    import torch
+
+    import gradguard
+
+    space: dict[str, object] = {"__name__": "search_counts_metric"}
+    exec(compile(METRIC, "search_counts_metric.py", "exec"), space)
+    sys.modules["search_counts_metric"] = module = type(sys)("search_counts_metric")
+    vars(module).update(space)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        module.metric = space["Metric"]()  # type: ignore[attr-defined,operator]
+        gc.collect()
+        with warnings.catch_warnings(record=True), gradguard.watch(mode="warn") as scope:
+            warnings.simplefilter("always")
+            for _ in range(6):
+                loss = model(torch.randn(4, 8)).pow(2).mean()
+                loss.backward()
+                module.metric.update(loss)  # type: ignore[attr-defined]
+                opt.step()
+                opt.zero_grad()
+        [entry] = scope.watcher.history()
+        assert entry.holder == "search_counts_metric:metric.total" and entry.survived >= 2
+        assert scope.watcher.searches == 1, scope.watcher.summary()  # the start-up check's, and no other
+    finally:
+        sys.modules.pop("search_counts_metric", None)

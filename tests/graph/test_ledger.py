@@ -1,0 +1,74 @@
+"""The ledger's books: the earliest epoch whose counted stamp is alive, read in constant time, as stamps
+die in any order, are judged, and fall at or below an audit's horizon."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import torch
+
+from gradguard._graph.stamps import Ledger
+
+
+def _graph() -> torch.Tensor:
+    x = torch.ones(2, requires_grad=True)
+    return (x * 2).sum()
+
+
+def test_the_earliest_epoch_alive_is_read_as_graphs_die_in_any_order() -> None:
+    ledger = Ledger()
+    kept = {}
+    for epoch in range(5):
+        kept[epoch] = _graph()
+        assert ledger.stamp_roots((kept[epoch],), epoch)
+    assert ledger.oldest_alive(10) == 0
+    assert ledger.oldest_alive(-1) is None  # nothing that old
+    del kept[0]
+    assert ledger.oldest_alive(10) == 1
+    del kept[3], kept[1]
+    assert ledger.oldest_alive(10) == 2
+    assert ledger.alive(10) == 2
+    kept.clear()
+    assert ledger.oldest_alive(10) is None and ledger.alive(10) == 0
+
+
+def test_a_stamp_placed_at_an_earlier_epoch_than_the_last_is_still_the_earliest() -> None:
+    ledger = Ledger()
+    late, early = _graph(), _graph()
+    ledger.place(late.grad_fn, 7)
+    ledger.place(early.grad_fn, 3)  # an audit stamps what it found at an earlier boundary
+    assert ledger.oldest_alive(10) == 3
+    del early
+    assert ledger.oldest_alive(10) == 7
+
+
+def test_settled_and_judged_stamps_are_not_asked_about() -> None:
+    ledger = Ledger()
+    a, b, c = _graph(), _graph(), _graph()
+    for epoch, t in enumerate((a, b, c)):
+        ledger.place(t.grad_fn, epoch)
+    ledger.settle(0)
+    assert ledger.oldest_alive(10) == 1
+    ledger.judged(b.grad_fn)
+    assert ledger.oldest_alive(10) == 2
+    assert ledger.alive(10) == 2  # a, settled, and c: judged ones are not counted
+    ledger.settle(-1)  # an audit that looked at less: the settled one is asked about again
+    assert ledger.oldest_alive(10) == 0
+
+
+def test_a_stamp_that_dies_in_another_thread_or_in_a_cycle_leaves_the_books() -> None:
+    ledger = Ledger()
+    kept = [_graph()]
+    ledger.place(kept[0].grad_fn, 1)
+    cycle: dict[str, object] = {"out": _graph()}
+    cycle["self"] = cycle
+    ledger.place(cycle["out"].grad_fn, 0)  # type: ignore[attr-defined]
+    del cycle
+    assert ledger.oldest_alive(10) == 0
+    gc.collect()
+    assert ledger.oldest_alive(10) == 1
+    worker = threading.Thread(target=kept.clear)
+    worker.start()
+    worker.join()
+    assert ledger.oldest_alive(10) is None
