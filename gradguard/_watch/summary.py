@@ -325,8 +325,8 @@ def _unexplained(watches: Sequence[WatchRecord], several: bool) -> str:
         where = " in " + ", ".join(w.name for w in watches if w.figures.unexplained)
     return (
         f"; NOT EXPLAINED{where}: {plural(count, 'graph')} older than two step boundaries "
-        f"{'is' if count == 1 else 'are'} alive that no holder was found for (garbage not collected "
-        "yet, a graph node held directly, or C++ code)"
+        f"{'was' if count == 1 else 'were'} alive at the last audit that no holder was found for (garbage "
+        "not collected yet, a graph node held directly, or C++ code)"
     )
 
 

@@ -122,7 +122,7 @@ def test_a_bounded_holder_is_listed_not_counted_and_unexplained_old_graphs_are_n
     head = merged.text.splitlines()[1]
     assert "; no holder was found keeping a graph" in head and "outlived" not in head
     assert "; bounded, not acted on (one step's graph, replaced every step): __main__:Trainer.last_loss (64 B)" in head
-    assert "; NOT EXPLAINED in rank 1/2: 2 graphs older than two step boundaries are alive" in head
+    assert "; NOT EXPLAINED in rank 1/2: 2 graphs older than two step boundaries were alive at the last audit" in head
     assert not merged.raised
 
 
