@@ -253,12 +253,17 @@ class Ledger:
             return None
         if not self._ordered:
             self._sort()
-        while True:
+        while opened:
             try:
-                epoch = next(iter(opened.values()), None)
-            except RuntimeError:  # a stamp died in another thread meanwhile
+                ref, epoch = next(iter(opened.items()))
+            except (RuntimeError, StopIteration):  # a stamp died in another thread meanwhile
                 continue
-            return epoch if epoch is not None and epoch <= through else None
+            if epoch > through:
+                return None
+            if ref() is not None:
+                return epoch
+            opened.pop(ref, None)  # it died while the books were re-sorted or settled: its callback missed it
+        return None
 
     def _sort(self) -> None:
         with self._lock:
@@ -287,8 +292,8 @@ class Ledger:
 
     def alive(self, through: int) -> int:
         """How many epochs up to ``through`` have a counted stamp alive (graphs of that many steps)."""
-        epochs = [*list(self._settled.values()), *list(self._open.values())]
-        return len({e for e in epochs if e <= through})
+        refs = [*list(self._settled.items()), *list(self._open.items())]
+        return len({e for r, e in refs if e <= through and r() is not None})
 
     def keys(self) -> frozenset[Key]:
         """The sequence numbers of every node a stamp alive was put in: a node whose number is not among

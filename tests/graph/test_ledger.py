@@ -72,3 +72,22 @@ def test_a_stamp_that_dies_in_another_thread_or_in_a_cycle_leaves_the_books() ->
     worker.start()
     worker.join()
     assert ledger.oldest_alive(10) is None
+
+
+def test_a_dead_stamp_left_in_the_books_is_not_an_old_graph() -> None:
+    """A stamp that dies while the books are re-sorted in another thread can be put back after its
+    callback ran: reading the books skips it (and forgets it) instead of seeing an old graph forever."""
+    import weakref
+
+    from gradguard._graph.stamps import Stamp
+
+    ledger = Ledger()
+    kept = _graph()
+    ledger.place(kept.grad_fn, 5)
+    token = Stamp(1, 0)
+    dead = weakref.ref(token)  # no callback: as if it had already run
+    ledger._open[dead] = 1  # put back by the race
+    del token
+    ledger._ordered = False
+    assert ledger.oldest_alive(10) == 5 and ledger.alive(10) == 1
+    assert dead not in ledger._open
