@@ -66,6 +66,8 @@ class Records:
                     entry.found_at = boundaries
                 elif entry.outcome != BOUNDED and outcome == BOUNDED:
                     continue
+                elif entry.outcome == BOUNDED and outcome != BOUNDED:
+                    entry.found_at = boundaries  # listed as bounded until now: found leaking here
                 entry.path, entry.fix, entry.tensors, entry.pinned_bytes = named(r), r.fix, r.tensors, r.pinned_bytes
                 entry.nodes, entry.node_bytes, entry.alive = r.nodes, r.node_bytes, any(leak.alive)
                 entry.survived = max(entry.survived, leak.survived)

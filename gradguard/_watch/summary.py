@@ -44,7 +44,9 @@ class HolderHistory:
         node_bytes: Their estimated bytes.
         alive: Whether its graphs could still be backwarded at the latest audit.
         why: Why it could not be repaired.
-        found_at: The step boundary (of the watch, all threads) at which it was first found.
+        found_at: The step boundary (of the watch, all threads) at which it was first found: leaking (a
+            leak listed as bounded before counts from the boundary it was found leaking), or, for a bounded
+            holder, keeping a graph for one boundary.
         released_bytes: Memory the repairs measurably gave back (the memory figure before and after a
             repair; 0 where nothing was measured: then ``pinned_bytes`` is the estimate).
     """

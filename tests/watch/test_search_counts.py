@@ -84,6 +84,7 @@ def test_a_holder_found_keeping_a_graph_for_one_boundary_is_judged_again_without
                 opt.zero_grad()
         [entry] = scope.watcher.history()
         assert entry.holder == "search_counts_metric:metric.total" and entry.survived >= 2
+        assert entry.found_at == 3  # found leaking at the third boundary (listed as bounded at the second)
         assert scope.watcher.searches == 1, scope.watcher.summary()  # the start-up check's, and no other
     finally:
         sys.modules.pop("search_counts_metric", None)
