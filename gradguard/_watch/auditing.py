@@ -208,7 +208,7 @@ class Auditor:
             leaks = verdicts.leaks
             self._records.note(verdicts.bounded, BOUNDED, self._boundaries())
             # Followed by name too: one that keeps its graph a boundary more is then judged without a search.
-            self._known.remember(verdicts.bounded)
+            self._known.remember(verdicts.bounded, bounded=True)
             leaking = {id(leak.finding.tensors[i]) for leak in leaks for i in leak.leaking}
             pending = [
                 born_at[id(t)].born for f in findings for t in f.tensors if id(t) in born_at and id(t) not in leaking

@@ -36,6 +36,7 @@ class Known:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._recipes: collections.OrderedDict[str, Recipe] = collections.OrderedDict()
+        self._bounded: set[str] = set()  # the keys remembered as bounded only: forgotten first
 
     def __bool__(self) -> bool:
         return bool(self._recipes)
@@ -44,18 +45,31 @@ class Known:
         with self._lock:
             return list(self._recipes.values())
 
-    def remember(self, leaks: Iterable[Leak]) -> None:
-        """The holders of ``leaks`` (leaking, or bounded so far), by name: read again at later boundaries
-        without searching the heap."""
+    def remember(self, leaks: Iterable[Leak], bounded: bool = False) -> None:
+        """The holders of ``leaks``, by name: read again at later boundaries without searching the heap.
+        ``bounded``: holders found keeping a graph for one boundary so far, followed only while there is
+        room: one already followed is left as it is, and they are the first forgotten (a leaking holder
+        never gives way to one)."""
         with self._lock:
             for leak in leaks:
                 recipe = Recipe.of(leak.finding.paths[leak.leaking[0]])
                 if recipe is None:
                     continue
-                self._recipes[recipe.key] = recipe
-                self._recipes.move_to_end(recipe.key)
+                key = recipe.key
+                if bounded:
+                    if key in self._recipes:
+                        continue
+                    self._bounded.add(key)
+                else:
+                    self._bounded.discard(key)
+                self._recipes[key] = recipe
+                self._recipes.move_to_end(key)
                 while len(self._recipes) > MOST:
-                    self._recipes.popitem(last=False)
+                    victim = next((k for k in self._recipes if k in self._bounded), None)
+                    if victim is None:
+                        victim = next(iter(self._recipes))
+                    del self._recipes[victim]
+                    self._bounded.discard(victim)
 
     def refill(
         self, state: ThreadState, recipes: list[Recipe], boundary: int, source: Hashable, records: Records

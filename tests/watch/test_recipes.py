@@ -71,3 +71,36 @@ def test_a_list_that_became_shorter_is_read_whole(program: types.ModuleType) -> 
     kept.clear()
     kept.append(_graph())
     assert [t for t, _ in recipe.resolve(newer=True)] == [kept[0]]
+
+
+def test_holders_found_bounded_are_followed_by_name_only_while_there_is_room() -> None:
+    """A leaking holder is never forgotten for one found keeping a graph for one boundary: those are
+    followed only while there is room, and forgotten first."""
+    import types as _types
+
+    from gradguard._heap.paths import Edge
+    from gradguard._watch.known import MOST, Known
+
+    module = _types.ModuleType("gradguard_known_program")
+    sys.modules[module.__name__] = module
+    try:
+
+        def leak(name: str) -> _types.SimpleNamespace:
+            setattr(module, name, [])
+            path = (Edge(module, "global", name), Edge(getattr(module, name), "item", 0))
+            return _types.SimpleNamespace(finding=_types.SimpleNamespace(paths=[path]), leaking=[0])
+
+        known = Known()
+        leaks = [leak(f"leak{i}") for i in range(MOST - 1)]
+        known.remember(leaks)
+        known.remember([leak("bounded0"), leak("bounded1")], bounded=True)
+        keys = [r.key for r in known.recipes()]
+        assert len(keys) == MOST and "gradguard_known_program:bounded1[*]" in keys
+        assert "gradguard_known_program:bounded0[*]" not in keys  # one room left: the older bounded one gave way
+        assert all(f"gradguard_known_program:leak{i}[*]" in keys for i in range(MOST - 1))
+        known.remember([leak("late")])  # a new leak: the bounded one gives way, every leak stays
+        keys = [r.key for r in known.recipes()]
+        assert "gradguard_known_program:late[*]" in keys and not any("bounded" in k for k in keys)
+        assert all(f"gradguard_known_program:leak{i}[*]" in keys for i in range(MOST - 1))
+    finally:
+        del sys.modules[module.__name__]
