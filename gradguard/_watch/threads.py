@@ -128,12 +128,16 @@ class _Rate:
         self.next = end + min(self.costs) / self.share
 
 
-def stamp_backward(state: ThreadState, roots: Sequence[Any], governor: Governor, *, whole_graph: bool) -> None:
+def stamp_backward(
+    state: ThreadState, roots: Sequence[Any], governor: Governor, *, whole_graph: bool, start: float | None = None
+) -> None:
     """At the start of a backward from ``roots`` (its root tensors, edges or nodes): every root is stamped
-    (one stamped before moves to now: its graph is in use again), charged to ``governor.stamping``; when
-    due (see :data:`DEEP_SHARE`), the nodes nearest below the new ones too (the whole graph when
-    ``whole_graph``: with ``every=N``), charged to ``governor.below``."""
-    start = _clock()
+    (one stamped before moves to now: its graph is in use again), charged to ``governor.stamping`` from
+    ``start`` (the caller's clock reading when the backward reached it; now by default); when due (see
+    :data:`DEEP_SHARE`), the nodes nearest below the new ones too (the whole graph when ``whole_graph``:
+    with ``every=N``), charged to ``governor.below``."""
+    if start is None:
+        start = _clock()
     epoch = state.clock.boundaries
     new = state.ledger.stamp_roots(roots, epoch)
     state.backwards += 1

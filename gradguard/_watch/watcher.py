@@ -122,6 +122,7 @@ class Watcher:
             handle.remove()
 
     def _on_backward(self, roots: Sequence[Any]) -> None:
+        start = _clock()  # finding the thread's state is the watch's work too
         try:
             state: ThreadState = self._local.state
         except AttributeError:
@@ -129,7 +130,7 @@ class Watcher:
         else:
             if not state.clock.boundaries and self._primary is not None:
                 state = self._primary  # a thread that never stepped feeds the optimizer of one that does
-        stamp_backward(state, roots, self._governor, whole_graph=self.every != "auto")
+        stamp_backward(state, roots, self._governor, whole_graph=self.every != "auto", start=start)
 
     # ---------------------------------------------------------------------------------------------
     # Boundaries
