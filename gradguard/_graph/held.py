@@ -36,7 +36,7 @@ class HeldParameters:
     returns the level, or ``None`` where no count can be read (a torch without ``Tensor._use_count``,
     every parameter gone)."""
 
-    __slots__ = ("_last", "_next", "_refs", "level")
+    __slots__ = ("_last", "_turn", "_turns", "level")
 
     def __init__(self, optimizers: Iterable[Any]) -> None:
         params: list[torch.Tensor] = []
@@ -48,37 +48,35 @@ class HeldParameters:
                         seen.add(id(p))
                         params.append(p)
         params.sort(key=lambda p: p.dim() < 2)  # stable: weights first, in the optimizer's order
-        self._refs = [weakref.ref(p) for p in params]
+        pairs = [(i, weakref.ref(p)) for i, p in enumerate(params)]
+        # Each reading's parameters, made once: the reading itself only looks them up.
+        self._turns = [tuple(pairs[k : k + SAMPLE]) for k in range(0, len(pairs), SAMPLE)]
+        self._turn = 0
         self._last: list[int | None] = [None] * len(params)
-        self._next = 0
         self.level = 0
         """The running level: the sum of the moves read so far."""
 
     def __call__(self) -> int | None:
-        refs = self._refs
-        n = len(refs)
-        if _use_count is None or not n:
+        turns = self._turns
+        if _use_count is None or not turns:
             return None
+        turn = self._turn
+        self._turn = turn + 1 if turn + 1 < len(turns) else 0
         last = self._last
-        i = self._next
         level = self.level
         read = False
-        for _ in range(SAMPLE if SAMPLE < n else n):
-            p = refs[i]()
-            if p is not None:
-                try:
-                    count = _use_count(p)
-                except (RuntimeError, TypeError):  # a tensor subclass without a TensorImpl of its own
-                    pass
-                else:
-                    before = last[i]
-                    if before is not None:
-                        level += count - before
-                    last[i] = count
-                    read = True
-            i += 1
-            if i == n:
-                i = 0
-        self._next = i
+        for i, ref in turns[turn]:
+            p = ref()
+            if p is None:
+                continue
+            try:
+                count = _use_count(p)
+            except (RuntimeError, TypeError):  # a tensor subclass without a TensorImpl of its own
+                continue
+            before = last[i]
+            if before is not None:
+                level += count - before
+            last[i] = count
+            read = True
         self.level = level
         return level if read else None

@@ -14,13 +14,25 @@ The design: ``docs/how-it-works.md`` (*Stamps*).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 import weakref
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["Ledger", "Stamp", "epochs_below", "metadata_of", "node_key", "oldest_below"]
+__all__ = [
+    "EXPLAINED",
+    "FRESH",
+    "USED",
+    "Ledger",
+    "Stamp",
+    "epochs_below",
+    "metadata_of",
+    "new_stamp",
+    "node_key",
+    "oldest_below",
+]
 
 _serial = itertools.count(1)
 
@@ -29,6 +41,8 @@ _NO_SEQUENCE = 2**64 - 1  # AccumulateGrad: one per leaf, alive as long as any g
 FRESH, USED, EXPLAINED = 0, 1, 2
 
 Key = int
+
+_COMPACT = 256  # stamps the ledger's index holds before it first forgets the dead ones
 
 
 def node_key(node: Any) -> Key | None:
@@ -50,27 +64,57 @@ def metadata_of(node: Any) -> dict[Any, Any] | None:
     return metadata if type(metadata) is dict else None
 
 
-class Stamp:
-    """The stamp of one epoch and kind in one ledger, shared by every node stamped so.
+class Stamp(list[int]):
+    """The stamp of one epoch and kind in one ledger, shared by every node stamped so; as a list, the
+    sequence numbers of the nodes it was put in (a filter: see :meth:`Ledger.keys`).
+
+    A list, so that making one (once per epoch, on the hot path) runs no Python code; compared and hashed
+    by identity all the same.
 
     Attributes:
         epoch: The step boundary count it was placed at.
-        counted: Whether the ledger still counts it (a judged graph's nodes get an uncounted one).
-        used: Whether its nodes were stamped when a later backward started from them or ran through them.
-        sequences: The sequence numbers of the nodes it was put in (a filter: see :meth:`Ledger.keys`).
+        kind: ``FRESH``, ``USED`` (its nodes were stamped when a later backward started from them or ran
+            through them) or ``EXPLAINED`` (a judged graph's nodes: never counted).
     """
 
-    __slots__ = ("__weakref__", "counted", "epoch", "sequences", "used")
+    __slots__ = ("__weakref__", "epoch", "kind")
 
-    def __init__(self, epoch: int, kind: int) -> None:
-        self.epoch = epoch
-        self.counted = kind != EXPLAINED
-        self.used = kind == USED
-        self.sequences: list[int] = []
+    epoch: int
+    kind: int
+
+    __hash__ = object.__hash__  # type: ignore[assignment]
+    __eq__ = object.__eq__  # type: ignore[assignment]
+    __ne__ = object.__ne__  # type: ignore[assignment]
+
+    @property
+    def counted(self) -> bool:
+        """Whether the ledger counts it (a judged graph's nodes get an uncounted one)."""
+        return self.kind != EXPLAINED
+
+    @property
+    def used(self) -> bool:
+        """Whether its nodes were stamped when a later backward started from them or ran through them."""
+        return self.kind == USED
+
+    @property
+    def sequences(self) -> list[int]:
+        """The sequence numbers of the nodes it was put in."""
+        return self
 
     def __repr__(self) -> str:
-        what = "explained" if not self.counted else "used" if self.used else "fresh"
+        what = "explained" if self.kind == EXPLAINED else "used" if self.kind == USED else "fresh"
         return f"<gradguard stamp epoch={self.epoch} {what}>"
+
+
+def new_stamp(epoch: int, kind: int) -> Stamp:
+    """A stamp of ``epoch`` and ``kind``, on no node yet."""
+    token = Stamp()
+    token.epoch = epoch
+    token.kind = kind
+    return token
+
+
+_Entry = tuple[int, "weakref.ref[Stamp]"]
 
 
 class Ledger:
@@ -78,22 +122,21 @@ class Ledger:
 
     :meth:`place` stamps a node (once; ``refresh=True`` moves it to a later epoch's *used* stamp);
     :meth:`stamp_roots` is the same for a backward's roots, on the hot path. :meth:`oldest_alive` gives the
-    earliest epoch up to a boundary whose counted stamp is alive: each counted stamp's weak reference
-    leaves the ledger's books when the stamp dies (its callback), so the books hold the epochs alive,
-    earliest first, and the answer is their first entry: it costs the same on any heap and whatever the
-    number of nodes. :meth:`judged` stops counting a node whose graph was judged. :meth:`settle` sets the
-    horizon at or below which old stamps were looked at by an audit.
+    earliest epoch up to a boundary whose counted stamp is alive: the ledger's books hold each counted
+    stamp's weak reference in epoch order, and reading them drops the dead ones from the front, so the
+    answer costs the same on any heap and whatever the number of nodes. :meth:`judged` stops counting a
+    node whose graph was judged. :meth:`settle` sets the horizon at or below which old stamps were looked
+    at by an audit.
     """
 
     __slots__ = (
+        "_compact_at",
         "_current",
-        "_gone",
-        "_last",
+        "_index",
+        "_index_at",
         "_lock",
         "_open",
-        "_ordered",
         "_settled",
-        "_tokens",
         "first_key",
         "horizon",
         "key",
@@ -105,51 +148,72 @@ class Ledger:
         """The key of this ledger's stamps in a node's ``metadata``."""
         self.first_key = self.key + ".first"
         """The key of the epoch a node was first stamped at, once a later use moved its stamp."""
-        self._tokens: dict[tuple[int, int], weakref.ref[Stamp]] = {}
-        # The counted stamps alive, by weak reference: above the horizon (earliest epoch first while
-        # _ordered), and at or below it. Both dicts are mutated in place only: _gone refers to them.
-        self._open: dict[weakref.ref[Stamp], int] = {}
-        self._settled: dict[weakref.ref[Stamp], int] = {}
-        self._ordered = True
-        self._last = -1  # the latest epoch put in _open
+        # The stamps by (epoch, kind) (epoch * 4 + kind), weakly; not the backwards' own fresh ones.
+        self._index: dict[int, weakref.ref[Stamp]] = {}
+        self._index_at = _COMPACT
+        # The counted stamps (epoch, weak reference): above the horizon, in epoch order; at or below it.
+        # Dead ones stay until a read drops them.
+        self._open: collections.deque[_Entry] = collections.deque()
+        self._settled: list[_Entry] = []
+        self._compact_at = _COMPACT
         self._current: Stamp | None = None  # the newest epoch's fresh stamp, kept while that epoch is young
         self._lock = threading.Lock()
         self.horizon = -1
         """Stamps of epochs up to here were looked at by an audit."""
         self.placed = 0
         """Nodes stamped so far."""
-        opened, settled = self._open, self._settled
-
-        def gone(ref: weakref.ref[Stamp]) -> None:
-            # A stamp died (its last node was freed, in whatever thread): one atomic pop each, no lock,
-            # and no reference to the ledger (a stamp may die while the ledger holds its lock).
-            if opened.pop(ref, None) is None:
-                settled.pop(ref, None)
-
-        self._gone = gone
 
     # --- placing ----------------------------------------------------------------------------------
 
-    def _token(self, epoch: int, kind: int) -> Stamp:
-        ref = self._tokens.get((epoch, kind))
+    def _token(self, epoch: int, kind: int, index: bool = True) -> Stamp:
+        """The stamp of ``epoch`` and ``kind``, made when there is none (``index``: findable by them later;
+        the backwards' own fresh stamps need not be, :attr:`_current` is)."""
+        current = self._current
+        if kind == FRESH and current is not None and current.epoch == epoch:
+            return current
+        ref = self._index.get(epoch * 4 + kind) if index else None
         token = None if ref is None else ref()
-        if token is None:
-            token = Stamp(epoch, kind)
-            if token.counted:
-                ref = weakref.ref(token, self._gone)
-                if epoch > self.horizon:
-                    if epoch < self._last:
-                        self._ordered = False
-                    self._last = max(self._last, epoch)
-                    self._open[ref] = epoch
-                else:
-                    self._settled[ref] = epoch
-            else:
-                ref = weakref.ref(token)
-            self._tokens[(epoch, kind)] = ref
-            if len(self._tokens) > 256 and len(self._tokens) > 4 * (len(self._open) + len(self._settled) + 16):
-                self._tokens = {k: r for k, r in self._tokens.items() if r() is not None}
+        if token is not None:
+            return token
+        token = Stamp()
+        token.epoch = epoch
+        token.kind = kind
+        ref = weakref.ref(token)
+        if index:
+            found = self._index
+            found[epoch * 4 + kind] = ref
+            if len(found) > self._index_at:  # replaced, not mutated: a concurrent lookup sees one or the other
+                self._index = found = {k: r for k, r in found.items() if r() is not None}
+                self._index_at = 2 * len(found) + _COMPACT
+        if kind == EXPLAINED:
+            return token
+        if epoch <= self.horizon:
+            with self._lock:
+                self._settled.append((epoch, ref))
+            return token
+        opened = self._open
+        # Without a lock (this runs at backwards, in any thread): appending is atomic, and the thread
+        # that reads the books only drops entries from the front or moves live ones to the back.
+        if not opened or opened[-1][0] <= epoch:
+            opened.append((epoch, ref))
+        else:  # an audit stamps at an earlier epoch: kept in order
+            with self._lock:
+                at = len(opened)
+                while at and opened[at - 1][0] > epoch:
+                    at -= 1
+                opened.insert(at, (epoch, ref))
         return token
+
+    def _compact(self) -> None:
+        """Forget the dead stamps behind a live one at the front of the books (in the thread that reads
+        them): each live entry is moved to the back in turn, so one appended meanwhile is never lost."""
+        opened = self._open
+        with self._lock:
+            for _ in range(len(opened)):
+                entry = opened.popleft()
+                if entry[1]() is not None:
+                    opened.append(entry)
+            self._compact_at = 2 * len(opened) + _COMPACT
 
     def stamp_roots(self, roots: Iterable[Any], epoch: int) -> list[Any]:
         """A backward from ``roots`` (tensors, gradient edges or nodes) starts at ``epoch``: a root's node
@@ -157,7 +221,7 @@ class Ledger:
         graph is in use again). Returns the nodes stamped for the first time."""
         token = self._current
         if token is None or token.epoch != epoch:
-            token = self._current = self._token(epoch, FRESH)
+            token = self._current = self._token(epoch, FRESH, index=False)
         key = self.key
         new = []
         for root in roots:
@@ -172,7 +236,7 @@ class Ledger:
             found = metadata.get(key)
             if found is None:
                 metadata[key] = token
-                token.sequences.append(node._sequence_nr())
+                token.append(node._sequence_nr())
                 new.append(node)
             elif found.epoch < epoch:
                 self.used(metadata, found, epoch, node._sequence_nr())
@@ -200,7 +264,7 @@ class Ledger:
             token = self._token(epoch, FRESH)
             self.placed += 1
         metadata[self.key] = token
-        token.sequences.append(key)
+        token.append(key)
         return True
 
     def used(self, metadata: dict[Any, Any], found: Stamp, epoch: int, sequence: int) -> None:
@@ -209,7 +273,7 @@ class Ledger:
         metadata.setdefault(self.first_key, found.epoch)
         token = self._token(epoch, USED)
         metadata[self.key] = token
-        token.sequences.append(sequence)
+        token.append(sequence)
 
     def first(self, node: Any, found: Stamp) -> int:
         """The epoch ``node`` (whose stamp is ``found``) was first stamped at."""
@@ -221,10 +285,10 @@ class Ledger:
         """Stop counting ``node``'s stamp (its graph was judged); it keeps its epoch."""
         metadata = metadata_of(node)
         found = None if metadata is None else metadata.get(self.key)
-        if type(found) is Stamp and found.counted:
+        if type(found) is Stamp and found.kind != EXPLAINED:
             token = self._token(found.epoch, EXPLAINED)
             metadata[self.key] = token  # type: ignore[index]
-            token.sequences.append(node_key(node) or 0)
+            token.append(node_key(node) or 0)
 
     def epoch(self, node: Any) -> int | None:
         """The epoch of this ledger's stamp on ``node``, or ``None``."""
@@ -249,62 +313,56 @@ class Ledger:
         if current is not None and current.epoch <= through:
             self._current = None  # the ledger must not keep an old epoch's stamp alive
         opened = self._open
-        if not opened:
-            return None
-        if not self._ordered:
-            self._sort()
-        while opened:
+        while True:
             try:
-                ref, epoch = next(iter(opened.items()))
-            except (RuntimeError, StopIteration):  # a stamp died in another thread meanwhile
-                continue
+                epoch, ref = opened[0]
+            except IndexError:
+                return None
             if epoch > through:
                 return None
             if ref() is not None:
+                if len(opened) > self._compact_at:
+                    self._compact()
                 return epoch
-            opened.pop(ref, None)  # it died while the books were re-sorted or settled: its callback missed it
-        return None
-
-    def _sort(self) -> None:
-        with self._lock:
-            items = sorted(list(self._open.items()), key=lambda item: item[1])
-            self._open.clear()
-            self._open.update(items)
-            self._ordered = True
+            # Dead: dropped. Only this thread takes from the front; an audit's insert there meanwhile
+            # (another thread's, under the lock) is put back.
+            entry = opened.popleft()
+            if entry[1] is not ref:
+                opened.appendleft(entry)
 
     def settle(self, horizon: int) -> None:
         """Stamps of epochs up to ``horizon`` were looked at by an audit: :meth:`oldest_alive` no longer asks
         about them."""
-        with self._lock:
-            opened, settled = self._open, self._settled
-            if horizon < self.horizon:
-                back = [(r, e) for r, e in list(settled.items()) if e > horizon]
-                for ref, _ in back:
-                    settled.pop(ref, None)
-                opened.update(back)
-                self._ordered = False
-            for ref, epoch in list(opened.items()):
-                if epoch <= horizon and opened.pop(ref, None) is not None and ref() is not None:
-                    settled[ref] = epoch
+        opened = self._open
+        with self._lock:  # taken from the front, put back at the front: one appended meanwhile stays behind
+            taken = [opened.popleft() for _ in range(len(opened))]
+            entries = [entry for entry in (*self._settled, *taken) if entry[1]() is not None]
+            entries.sort(key=_epoch_of)
+            self._settled = [entry for entry in entries if entry[0] <= horizon]
+            opened.extendleft(reversed([entry for entry in entries if entry[0] > horizon]))
             self.horizon = horizon
-        if not self._ordered:
-            self._sort()
+            self._compact_at = 2 * len(opened) + _COMPACT
 
     def alive(self, through: int) -> int:
         """How many epochs up to ``through`` have a counted stamp alive (graphs of that many steps)."""
-        refs = [*list(self._settled.items()), *list(self._open.items())]
-        return len({e for r, e in refs if e <= through and r() is not None})
+        with self._lock:
+            entries = [*self._settled, *self._open]
+        return len({e for e, r in entries if e <= through and r() is not None})
 
     def keys(self) -> frozenset[Key]:
         """The sequence numbers of every node a stamp alive was put in: a node whose number is not among
         them carries none of this ledger's stamps."""
         with self._lock:
-            refs = [*self._tokens.values()]
+            refs = [*self._index.values(), *(r for _, r in self._open), *(r for _, r in self._settled)]
         found: set[int] = set()
         for token in map(_deref, refs):
             if token is not None:
-                found.update(token.sequences)
+                found.update(token)
         return frozenset(found)
+
+
+def _epoch_of(entry: _Entry) -> int:
+    return entry[0]
 
 
 def _deref(ref: weakref.ref[Stamp]) -> Stamp | None:

@@ -74,20 +74,31 @@ def test_a_stamp_that_dies_in_another_thread_or_in_a_cycle_leaves_the_books() ->
     assert ledger.oldest_alive(10) is None
 
 
-def test_a_dead_stamp_left_in_the_books_is_not_an_old_graph() -> None:
-    """A stamp that dies while the books are re-sorted in another thread can be put back after its
-    callback ran: reading the books skips it (and forgets it) instead of seeing an old graph forever."""
-    import weakref
-
-    from gradguard._graph.stamps import Stamp
-
+def test_dead_stamps_behind_an_old_one_alive_do_not_pile_up_in_the_books() -> None:
+    """A stamp alive at the front of the books (an old graph no audit settled yet) must not make the
+    books grow with every step behind it: the dead ones are forgotten as stamps are made."""
     ledger = Ledger()
     kept = _graph()
-    ledger.place(kept.grad_fn, 5)
-    token = Stamp(1, 0)
-    dead = weakref.ref(token)  # no callback: as if it had already run
-    ledger._open[dead] = 1  # put back by the race
-    del token
-    ledger._ordered = False
-    assert ledger.oldest_alive(10) == 5 and ledger.alive(10) == 1
-    assert dead not in ledger._open
+    ledger.stamp_roots((kept,), 0)
+    reused = _graph()
+    for epoch in range(1, 3000):
+        ledger.stamp_roots((_graph(),), epoch)  # each step's graph dies with its step
+        ledger.stamp_roots((reused,), epoch)  # one graph backwarded at every step: a used stamp each
+    assert ledger.oldest_alive(3000) == 0
+    assert len(ledger._open) < 600 and len(ledger._index) < 600
+    del kept, reused
+    assert ledger.oldest_alive(3000) is None and ledger.alive(3000) == 0
+
+
+def test_a_stamp_compares_by_identity_and_lists_its_nodes() -> None:
+    from gradguard._graph.stamps import FRESH, new_stamp
+
+    a, b = new_stamp(1, FRESH), new_stamp(1, FRESH)
+    assert a != b and a == a and len({a, b}) == 2
+    ledger = Ledger()
+    kept = _graph()
+    ledger.stamp_roots((kept,), 4)
+    found = ledger.stamp(kept.grad_fn)
+    assert found is not None and found.epoch == 4 and found.counted and not found.used
+    assert list(found.sequences) == [kept.grad_fn._sequence_nr()]
+    assert ledger.keys() == frozenset(found.sequences)
