@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Literal
 
 from .allocated import AllocatedReader
-from .governor import BACKSTOP_SHARE, Governor
+from .governor import BACKSTOP_SHARE, SHARE, Governor
 from .trigger import RESIDENT_FLOOR, Trigger, TriggerSettings
 
 __all__ = [
@@ -150,6 +150,8 @@ class Schedule:
         :attr:`retry_due`, asks for nothing: the caller may skip :meth:`boundary` for it (see
         :meth:`_plan_quiet`), telling :attr:`seen` the boundary's number."""
         self.retry_due: float = math.inf
+        self._old_until = 0  # an old request is declined before this boundary (its back-off's gap) ...
+        self._old_unaffordable = -math.inf  # ... or before this time (the governor's share)
         self.seen = 0
         """The number of the last boundary seen."""
         self._grown_at_audit = 0  # how far the memory figure had grown at the last audit it asked for
@@ -176,6 +178,7 @@ class Schedule:
         self.startup = self.seen + STARTUP
         self._signals = _signals()
         self.quiet_until = -math.inf
+        self._old_until, self._old_unaffordable = 0, -math.inf
 
     def boundary(self, now: float, boundary: int, old: int | None, held: Mapping[str, int] | None) -> Reason | None:
         """The thread's boundary number ``boundary`` (from 1), at ``now``: why to audit it, or ``None``.
@@ -264,7 +267,9 @@ class Schedule:
 
     def _plan_quiet(self) -> None:
         """When the next boundary without a signal can be skipped at once: until the memory figure or the
-        backstop is due (hunting checks only its every-th boundaries), and before a retry is due."""
+        backstop is due (hunting checks only its every-th boundaries), and before a retry is due. And
+        while an old request would be declined (see :meth:`holds_old`)."""
+        self._old_until, self._old_unaffordable = 0, -math.inf
         if self.every != "auto":
             self.quiet_until, self.retry_due = -math.inf, 1 << 62
             return
@@ -275,6 +280,27 @@ class Schedule:
         reading = self._reader.next_due() if self._reader is not None else math.inf
         self.quiet_until = min(backstop, reading)
         self.retry_due = math.inf if self.retry_at is None else self.retry_at
+        old = self._signals["old"]
+        if old.misses >= FREE and not old.follow:
+            # The governor's account only grows: before this time its share cannot afford the request.
+            self._old_until = old.next_at
+            self._old_unaffordable = g.started + (g.hot + g.spent + (old.cost or self.estimate())) / SHARE
+
+    def holds_old(self, boundary: int, now: float) -> bool:
+        """At a boundary the caller found quiet but for an old graph (see :attr:`quiet_until`): whether
+        :meth:`boundary` would decline the old signal's request for sure (its gap not gone by, or the
+        governor's share not reached since the last plan). If so, the request is counted as declined
+        here, as :meth:`boundary` would, and the caller may skip it: a graph no audit explains (a
+        library's state, a storm of old graphs) costs the boundary no more than a clean one."""
+        signal = self._signals["old"]
+        if boundary - signal.asked_at > max(QUIET, signal.gap):
+            return False  # it was quiet since its last request: this one may start afresh
+        if boundary < self._old_until or now < self._old_unaffordable:
+            signal.asked_at = boundary
+            self.declined += 1
+            self.seen = boundary
+            return True
+        return False
 
     def audited(
         self,

@@ -211,7 +211,7 @@ class Watcher:
             held.last = count
             changed = {held.name: count}
         quiet = start < schedule.quiet_until and schedule.startup < boundary < schedule.retry_due
-        if quiet and old is None and changed is None:
+        if quiet and changed is None and (old is None or schedule.holds_old(boundary, start)):
             schedule.seen = boundary  # the common boundary: Schedule.boundary would say None at once
             reason: Reason | None = None
         else:

@@ -135,6 +135,47 @@ def test_old_graphs_that_keep_finding_nothing_back_off_and_keep_to_the_share() -
     assert charged <= SHARE * run.now + 0.05  # the whole cost within the share, but for one audit
 
 
+class QuietRun(Run):
+    """A :class:`Run` that skips :meth:`Schedule.boundary` as the watcher does: at a boundary found quiet,
+    and, with an old graph, while the schedule holds the old signal's request back."""
+
+    skipped_old = 0
+
+    def __call__(self, old: int | None = None, held: Mapping[str, int] | None = None, **kwargs: Any) -> str | None:
+        schedule = self.schedule
+        boundary, now = self.boundary + 1, self.now + self.step
+        quiet = now < schedule.quiet_until and schedule.startup < boundary < schedule.retry_due
+        if quiet and not held and (old is None or schedule.holds_old(boundary, now)):
+            self.skipped_old += old is not None
+            self.boundary, self.now = boundary, now
+            schedule.seen = boundary
+            self.reasons.append(None)
+            return None
+        return super().__call__(old, held, **kwargs)
+
+
+@pytest.mark.parametrize("pattern", ["storm", "windows", "late-leak"])
+def test_a_boundary_skipped_while_an_old_request_is_held_back_decides_as_the_schedule_would(pattern: str) -> None:
+    """The watcher skips the schedule at quiet boundaries, old graphs or not, while it holds the old
+    signal's requests back: every audit, and every declined request, is the same as without skipping."""
+    runs = [Run(_fresh(), step=0.0005, cost=0.05), QuietRun(_fresh(), step=0.0005, cost=0.05)]
+    for run in runs:
+        for _ in range(STARTUP):
+            run()
+        for b in range(STARTUP + 1, 30000):
+            if pattern == "storm":  # an old graph at every boundary, nothing explains it
+                run(old=b - 3)
+            elif pattern == "windows":  # old graphs for a while, then none, again and again
+                run(old=b - 3 if (b // 700) % 2 else None)
+            else:  # clean, then a leak that starts late
+                run(old=b - 3 if b > 20000 else None, new=b == 20003)
+    plain, quiet = runs
+    assert quiet.reasons == plain.reasons
+    assert quiet.schedule.declined == plain.schedule.declined > 0
+    assert plain.audited_at("old")
+    assert quiet.skipped_old > 0.8 * quiet.schedule.declined  # most declined requests never reached it
+
+
 def test_a_search_that_finds_a_new_leak_is_free_again() -> None:
     run = Run(_fresh(), step=0.001, cost=0.05)
     for _ in range(STARTUP):
