@@ -22,9 +22,10 @@ Clean runs (watched and unwatched, the same steps): ``fast/clean`` and ``late/<s
 
 Figures: the boundary each leak was reported at; the bytes in use after each step (glibc's in-use bytes
 on CPU, CUDA's allocated bytes), unwatched and under ``detach``; for clean runs the watch's share of the
-wall time after the start-up check, microseconds per backward's root stamp and per boundary (the
-watch's own account: its governor's), heap searches per 1000 steps, and the wall time against the
-unwatched run.
+wall time after the start-up check, microseconds per backward's root stamp and per boundary, and of
+memory reading per boundary (the watch's own account: its governor's; a reading is due by time, within
+its share of the wall time, so on a long step at every boundary), heap searches per 1000 steps, and the
+wall time against the unwatched run.
 
 The cost, side by side (``--rounds`` pairs of an unwatched and a watched run, alternating which goes
 first, CPU time and wall time; the ratio of the median pair, each pair's beside it):
@@ -42,8 +43,8 @@ first, CPU time and wall time; the ratio of the median pair, each pair's beside 
   each of ``--library-steps`` (200 and 800), and the same ratio at both (its cost does not grow with
   the run).
 
-Last, the floor of the hot path: one root's stamp and the boundary's barest signals, timed inside the
-fast step, unwatched.
+Last, the floor of the hot path: one root's stamp, making the step's stamp once, and the boundary's
+barest signals, timed inside the fast step, unwatched; and the least one search of the heap costs.
 """
 
 __all__ = ["main"]

@@ -10,6 +10,7 @@ machine's speed falls on both sides.
 
 from __future__ import annotations
 
+import collections
 import functools
 import gc
 import statistics
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 import gradguard
+from gradguard._graph.stamps import FRESH, Stamp
 
 from .loops import LEAKS, Extra, Fast, watch_figures
 
@@ -154,20 +156,26 @@ def floor(device: torch.device, steps: int) -> dict[str, float]:
     """The current design's minimum of the watch's hot path, timed inside the fast step, unwatched.
 
     ``stamp_us``: one root's stamp at its barest: reading a fresh loss's ``grad_fn`` (the first read
-    creates its Python object) and putting one shared token in its ``metadata`` dict. ``signals_us``:
+    creates its Python object) and putting one shared token in its ``metadata`` dict; ``token_us``: making
+    that token once a step (an object referenced weakly, in an epoch-ordered deque). ``signals_us``:
     the boundary's barest signals: torch's node counter, 4 parameters' ``Tensor._use_count()`` and one
     weak reference's dereference. Microseconds per step, each (the timer's own read included, as in the
     watch's account)."""
     run = Fast(device)
-    key, token = object(), type("Token", (), {})()
-    ref = weakref.ref(token)
+    key = object()
+    ref = weakref.ref(run.model)
     params = list(run.model.parameters())[:4]
     use_count = getattr(torch.Tensor, "_use_count")  # noqa: B009  private: not in torch's stubs
-    stamp = signals = 0.0
+    stamp = signals = made = 0.0
+    books: collections.deque[tuple[int, Any]] = collections.deque(maxlen=8)
     warm = 50
     for n in range(warm + steps):
         loss = run.model(torch.randn(64, 128, device=device)).pow(2).mean()
         loss.backward()
+        t = time.perf_counter()
+        token = Stamp()
+        token.epoch, token.kind = n, FRESH
+        books.append((n, weakref.ref(token)))
         a = time.perf_counter()
         loss.grad_fn.metadata[key] = token
         b = time.perf_counter()
@@ -180,12 +188,14 @@ def floor(device: torch.device, steps: int) -> dict[str, float]:
         ref()
         d = time.perf_counter()
         if n >= warm:
+            made += a - t
             stamp += b - a
             signals += d - c
     search_ms, objects = _search_floor(run)
     run.close()
     return {
         "stamp_us": 1e6 * stamp / steps,
+        "token_us": 1e6 * made / steps,
         "signals_us": 1e6 * signals / steps,
         "steps": steps,
         "search_ms": search_ms,

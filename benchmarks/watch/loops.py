@@ -260,7 +260,9 @@ def watch_figures(w: Any, wall: float) -> dict[str, Any]:
     stamps and signals) over the wall time after it; ``own_share``: ``own_seconds`` over the wall time;
     ``stamp_us``: microseconds per backward's roots stamped; ``below_us``: microseconds per backward of
     stamping below the roots (when due: a share of the wall time); ``boundary_us``: microseconds of the
-    constant-time work per boundary."""
+    constant-time work per boundary, the memory readings aside; ``read_us``: microseconds of memory
+    reading per boundary (a reading is due by time, within its share of the wall time: on a long step,
+    at every boundary)."""
     g = w._governor
     history = w.history()
     after = max(wall - g.startup, 1e-9)
@@ -284,6 +286,7 @@ def watch_figures(w: Any, wall: float) -> dict[str, Any]:
         "share_after_start": (g.spent + g.hot) / after,
         "stamp_us": 1e6 * g.stamping / max(1, g.backwards),
         "below_us": 1e6 * g.below / max(1, g.backwards),
-        "boundary_us": 1e6 * g.signals / max(1, w.boundaries),
+        "boundary_us": 1e6 * (g.signals - w.read_seconds) / max(1, w.boundaries),
+        "read_us": 1e6 * w.read_seconds / max(1, w.boundaries),
         "summary": w.summary(),
     }

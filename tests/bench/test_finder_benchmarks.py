@@ -73,6 +73,7 @@ def test_watch_benchmark_quick_run(tmp_path: Path) -> None:
         assert watched["holders"] == [] and watched["audits"] >= 1, name
         assert len(watched["memory"]) == watched["steps"] == len(cases[name]["unwatched"]["memory"])
         assert watched["stamp_us"] > 0 and watched["boundary_us"] > 0 and watched["backwards"] >= watched["steps"]
+        assert watched["read_us"] >= 0 and watched["boundary_us"] * watched["boundaries"] <= 1e6 * watched["signals_s"]
     for name, entry in cases.items():
         if entry["kind"] not in ("cost", "library leak"):
             continue
@@ -95,6 +96,7 @@ def test_watch_benchmark_quick_run(tmp_path: Path) -> None:
         line for line in md.splitlines() if "watched / unwatched" in line
     )
     assert doc["floor"]["stamp_us"] > 0 and doc["floor"]["signals_us"] > 0  # the floor of the watch's own time
+    assert doc["floor"]["token_us"] > 0
     assert "The floor (the fast step, unwatched" in md and "floor (unwatched)" in md
 
 
