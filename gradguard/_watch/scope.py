@@ -43,7 +43,7 @@ class WatchInstall(Install):
     def install(self) -> None:
         """Start the watcher and register the hook."""
         self.watcher.start()
-        self.handle = register_optimizer_step_post_hook(self._hook)
+        self.handle = register_optimizer_step_post_hook(self.watcher.stepped)
 
     def uninstall(self) -> None:
         """Remove the hook and close the watcher."""
@@ -51,9 +51,6 @@ class WatchInstall(Install):
             self.handle.remove()
             self.handle = None
         self.watcher.close()
-
-    def _hook(self, optimizer: Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.watcher.boundary(optimizer)
 
 
 def _audit_installs(audit: int | str | None) -> list[Install]:
@@ -158,7 +155,9 @@ class _ProcessWatch:
             self._make()
         except GradGuardError:
             pass
-        self.handle = register_optimizer_step_post_hook(self._hook)
+        # Every step of the process comes through here: the watcher's own hook when it exists already.
+        hook = self.watcher.stepped if self.watcher is not None else self._hook
+        self.handle = register_optimizer_step_post_hook(hook)
 
     def _make(self) -> None:
         every = validate.audit(os.environ.get(AUDIT_ENV) or None, what=AUDIT_ENV)

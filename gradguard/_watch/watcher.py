@@ -163,6 +163,20 @@ class Watcher:
         optimizers = parse_optimizers(optimizer)
         return self._boundary(tuple(map(id, optimizers)) or None, optimizers)
 
+    def stepped(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """torch's optimizer step post hook (``register_optimizer_step_post_hook``): a boundary of
+        ``optimizer``, as :meth:`boundary` (what it finds is acted on by the mode; the hook returns nothing).
+
+        Args:
+            optimizer: The optimizer that stepped.
+            args: The ``step()`` call's positional arguments (unused).
+            kwargs: Its keyword arguments (unused).
+
+        Raises:
+            GraphRetentionError: in ``raise`` mode, as :meth:`boundary`.
+        """
+        self._boundary((id(optimizer),), (optimizer,))
+
     def _boundary(self, source: Hashable, optimizers: tuple[Any, ...]) -> RetentionReport | None:
         # Every optimizer step of the process comes through here: the common path is kept short.
         start = _clock()

@@ -99,6 +99,25 @@ def test_a_clean_loop_is_never_a_leak_though_the_audit_sees_its_graphs() -> None
     assert watcher.audits >= 1 and watcher.history() == []
 
 
+def test_a_watcher_registered_as_torchs_step_hook_makes_each_step_a_boundary() -> None:
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    trainer, watcher = Trainer(), gradguard.Watcher(every=1, mode="raise", ignore=elsewhere)
+    kept: list[Any] = []
+    handle = register_optimizer_step_post_hook(watcher.stepped)
+    try:
+        with pytest.raises(gradguard.GraphRetentionError):
+            for _ in range(6):
+                loss, _out = trainer.forward()
+                loss.backward()
+                kept.append(loss)  # the leak
+                trainer.step()
+    finally:
+        handle.remove()
+        watcher.close()
+    assert watcher.boundaries == 3 and len(kept) == 3
+
+
 def test_the_previous_result_a_caller_still_holds_is_not_a_leak() -> None:
     trainer, watcher = Trainer(), gradguard.Watcher(every=1, mode="raise", ignore=elsewhere)
     seen: list[str] = []
