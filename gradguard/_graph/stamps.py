@@ -183,7 +183,7 @@ class Ledger:
             found = self._index
             found[epoch * 4 + kind] = ref
             if len(found) > self._index_at:  # replaced, not mutated: a concurrent lookup sees one or the other
-                self._index = found = {k: r for k, r in found.items() if r() is not None}
+                self._index = found = {k: r for k, r in list(found.items()) if r() is not None}
                 self._index_at = 2 * len(found) + _COMPACT
         if kind == EXPLAINED:
             return token
