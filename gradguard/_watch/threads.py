@@ -98,7 +98,7 @@ class ThreadState:
         self.ledger = Ledger()
         self.unexplained = 0  # old graphs alive at the last audit that no holder was found for
         self.sequence: int | None = None  # torch's node counter of this thread at the end of the last boundary
-        self.stepped: tuple[Hashable, ...] = ()  # the sources already stepped since that counter last moved
+        self.stepped: set[Hashable] = set()  # the sources already stepped since that counter last moved
         self.first: Hashable = None  # the source that ticked the last boundary
         self.partners: dict[Hashable, set[Hashable]] = {}  # per source, the others that stepped at its boundaries
         self.held: dict[Hashable, ParameterCount] = {}

@@ -192,14 +192,14 @@ class Watcher:
         sequence = _sequence_nr()
         if sequence == state.sequence and source not in state.stepped:
             # another optimizer (or a callback) at the same step: one boundary, which ages its graphs too
-            state.stepped = (*state.stepped, source)
+            state.stepped.add(source)
             if source not in state.held:
                 self._meet(state, source, optimizers)
             state.clock.also(source)
             state.partners.setdefault(state.first, set()).add(source)
             self._governor.signals += _clock() - start
             return None
-        state.stepped = (source,)
+        state.stepped = {source}
         state.first = source
         state.sequence = sequence
         held = state.held.get(source) or self._meet(state, source, optimizers)
