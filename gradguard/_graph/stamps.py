@@ -29,7 +29,6 @@ __all__ = [
     "Stamp",
     "epochs_below",
     "metadata_of",
-    "new_stamp",
     "node_key",
     "oldest_below",
 ]
@@ -87,31 +86,13 @@ class Stamp(list[int]):
     __ne__ = object.__ne__  # type: ignore[assignment]
 
     @property
-    def counted(self) -> bool:
-        """Whether the ledger counts it (a judged graph's nodes get an uncounted one)."""
-        return self.kind != EXPLAINED
-
-    @property
     def used(self) -> bool:
         """Whether its nodes were stamped when a later backward started from them or ran through them."""
         return self.kind == USED
 
-    @property
-    def sequences(self) -> list[int]:
-        """The sequence numbers of the nodes it was put in."""
-        return self
-
     def __repr__(self) -> str:
         what = "explained" if self.kind == EXPLAINED else "used" if self.kind == USED else "fresh"
         return f"<gradguard stamp epoch={self.epoch} {what}>"
-
-
-def new_stamp(epoch: int, kind: int) -> Stamp:
-    """A stamp of ``epoch`` and ``kind``, on no node yet."""
-    token = Stamp()
-    token.epoch = epoch
-    token.kind = kind
-    return token
 
 
 _Entry = tuple[int, "weakref.ref[Stamp]"]

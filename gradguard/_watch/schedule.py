@@ -290,15 +290,15 @@ class Schedule:
         """At a boundary the caller found quiet but for an old graph (see :attr:`quiet_until`): whether
         :meth:`boundary` would decline the old signal's request for sure (its gap not gone by, or the
         governor's share not reached since the last plan). If so, the request is counted as declined
-        here, as :meth:`boundary` would, and the caller may skip it: a graph no audit explains (a
-        library's state, a storm of old graphs) costs the boundary no more than a clean one."""
+        here, as :meth:`boundary` would, and the caller skips it as a quiet boundary (telling
+        :attr:`seen`): a graph no audit explains (a library's state, a storm of old graphs) costs the
+        boundary no more than a clean one."""
         signal = self._signals["old"]
         if boundary - signal.asked_at > max(QUIET, signal.gap):
             return False  # it was quiet since its last request: this one may start afresh
         if boundary < self._old_until or now < self._old_unaffordable:
             signal.asked_at = boundary
             self.declined += 1
-            self.seen = boundary
             return True
         return False
 
