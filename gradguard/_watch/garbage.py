@@ -23,6 +23,7 @@ constant time).
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Callable
 
 from .governor import SHARE, Governor
@@ -59,6 +60,7 @@ class Collector:
         "freed",
         "seen",
         "spent",
+        "until",
         "waited",
         "waiting",
     )
@@ -78,6 +80,9 @@ class Collector:
         self._collections = collections
         self.spent = 0.0
         """Seconds the collections of its own took."""
+        self.until = -math.inf
+        """Before this time (the governor's clock) a collection of its own is not affordable: with the
+        collector enabled, :meth:`garbage` declines a request at once (see :meth:`declines`)."""
         self.collected = 0
         """Collections of its own."""
         self.waiting: int | None = None
@@ -97,6 +102,12 @@ class Collector:
         first step kept to the oldest, out of the check's sight."""
         if self._enabled():
             gc.collect(0)
+
+    def declines(self, now: float) -> bool:
+        """Whether :meth:`garbage` would decline a request at ``now`` (the collector enabled, its own
+        collections over their ration until :attr:`until`) without looking: the caller may count the
+        request declined and skip it."""
+        return now < self.until and self._enabled()
 
     def garbage(self, oldest: Callable[[], int | None], boundary: int) -> bool | None:
         """Whether an ``old`` request at ``boundary`` is for graphs that are only waiting for the collector.
@@ -135,6 +146,9 @@ class Collector:
         self.spent += cost
         self.collected += 1
         self._governor.charge(cost)
+        started = self._governor.started
+        if started is not None:
+            self.until = started + self.spent / COLLECT_SHARE
         if oldest() is not None:
             return False
         self.freed += 1

@@ -148,7 +148,7 @@ class Schedule:
         self.quiet_until = -math.inf
         """Before this time, a boundary with no signal, past the start-up check and before
         :attr:`retry_due`, asks for nothing: the caller may skip :meth:`boundary` for it (see
-        :meth:`_plan_quiet`), telling :attr:`seen` the boundary's number."""
+        :meth:`quiet` and :meth:`_plan_quiet`)."""
         self.retry_due: float = math.inf
         self._old_until = 0  # an old request is declined before this boundary (its back-off's gap) ...
         self._old_unaffordable = -math.inf  # ... or before this time (the governor's share)
@@ -268,7 +268,7 @@ class Schedule:
     def _plan_quiet(self) -> None:
         """When the next boundary without a signal can be skipped at once: until the memory figure or the
         backstop is due (hunting checks only its every-th boundaries), and before a retry is due. And
-        while an old request would be declined (see :meth:`holds_old`)."""
+        while an old request would be declined (see :meth:`_holds_old`)."""
         self._old_until, self._old_unaffordable = 0, -math.inf
         if self.every != "auto":
             self.quiet_until, self.retry_due = -math.inf, 1 << 62
@@ -286,17 +286,44 @@ class Schedule:
             self._old_until = old.next_at
             self._old_unaffordable = g.started + (g.hot + g.spent + (old.cost or self.estimate())) / SHARE
 
-    def holds_old(self, boundary: int, now: float) -> bool:
-        """At a boundary the caller found quiet but for an old graph (see :attr:`quiet_until`): whether
-        :meth:`boundary` would decline the old signal's request for sure (its gap not gone by, or the
-        governor's share not reached since the last plan). If so, the request is counted as declined
-        here, as :meth:`boundary` would, and the caller skips it as a quiet boundary (telling
-        :attr:`seen`): a graph no audit explains (a library's state, a storm of old graphs) costs the
-        boundary no more than a clean one."""
+    def quiet(self, boundary: int, now: float, old: int | None, collecting: bool = False) -> bool:
+        """Whether boundary ``boundary``, at ``now``, whose parameters' count did not change, asks for
+        nothing for sure: no signal and nothing due on time (see :attr:`quiet_until`), or only an old
+        graph whose request is held back (see :meth:`_holds_old`; an old graph's request comes before a
+        retry's, so a retry due changes nothing while one is alive). If so, the boundary is seen, as
+        :meth:`boundary` would see it, and the caller skips that call: the common boundary, a storm's
+        and a known leak's cost no more than a few comparisons.
+
+        Args:
+            boundary: The boundary's number in the thread, from 1.
+            now: The clock's time.
+            old: As :meth:`boundary`'s.
+            collecting: Whether the caller would decline an old graph's request after :meth:`boundary`
+                (the collector's own collections over their ration).
+
+        Returns:
+            ``True`` when :meth:`boundary` would return ``None`` and need not be called.
+        """
+        if not (now < self.quiet_until and self.startup < boundary):
+            return False
+        if old is None:
+            if boundary >= self.retry_due:
+                return False
+        elif not self._holds_old(boundary, now, collecting):
+            return False
+        self.seen = boundary
+        return True
+
+    def _holds_old(self, boundary: int, now: float, collecting: bool = False) -> bool:
+        """At a boundary quiet but for an old graph: whether the old signal's request is declined for
+        sure, by :meth:`boundary` (its gap not gone by, or the governor's share not reached since the
+        last plan) or by the caller after it (``collecting``: the collector's own collections are over
+        their ration, see :meth:`~gradguard._watch.garbage.Collector.declines`). If so, it is counted as
+        declined here, as either would count it."""
         signal = self._signals["old"]
         if boundary - signal.asked_at > max(QUIET, signal.gap):
             return False  # it was quiet since its last request: this one may start afresh
-        if boundary < self._old_until or now < self._old_unaffordable:
+        if collecting or boundary < self._old_until or now < self._old_unaffordable:
             signal.asked_at = boundary
             self.declined += 1
             return True

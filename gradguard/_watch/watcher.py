@@ -224,9 +224,8 @@ class Watcher:
         if count is not None and count != held.last:
             held.last = count
             changed = {held.name: count}
-        quiet = start < schedule.quiet_until and schedule.startup < boundary < schedule.retry_due
-        if quiet and changed is None and (old is None or schedule.holds_old(boundary, start)):
-            schedule.seen = boundary  # the common boundary: Schedule.boundary would say None at once
+        collecting = old is not None and state.collector.declines(start)
+        if changed is None and schedule.quiet(boundary, start, old, collecting):
             reason: Reason | None = None
         else:
             reason = schedule.boundary(start, boundary, old, changed)
