@@ -224,6 +224,14 @@ class Schedule:
         self._plan_quiet()
         return None
 
+    def withdrawn(self, declined: bool) -> None:
+        """The caller did not act on the ``old`` request :meth:`boundary` just granted: the collector freed
+        its graphs or is yet to run (``declined``: no collection affordable now to tell, counted as a
+        declined request). The quiet boundaries are planned again, as after a request :meth:`boundary`
+        declines itself: while the collector's ration declines the next ones, they are skipped."""
+        self.declined += declined
+        self._plan_quiet()
+
     def _backstop(self, now: float, boundary: int) -> bool:
         """Whether an audit no signal asked for is due: for graphs no signal sees (at doubling gaps while
         they find nothing new, within the governor's share)."""

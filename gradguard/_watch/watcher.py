@@ -235,7 +235,9 @@ class Watcher:
             if garbage is not False:
                 # cyclic garbage the collector freed or has yet to free (no holder to find), or no collection
                 # affordable now to tell
-                state.schedule.declined += garbage is None
+                planned = _clock()
+                schedule.withdrawn(declined=garbage is None)
+                self._governor.signals += _clock() - planned
                 reason = None
         if reason is not None and reason != "start":
             sources, optimizers = self._judging(state, source, optimizers)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -49,6 +49,22 @@ class FakeReader:
         return -math.inf  # read at every boundary
 
 
+class PacedReader(FakeReader):
+    """A memory figure due by time, as the real one: ``every`` seconds after its last reading."""
+
+    def __init__(self, clock: Callable[[], float], every: float = 0.005) -> None:
+        super().__init__()
+        self.clock, self.every = clock, every
+        self.last = -math.inf
+
+    def __call__(self) -> dict[str, int]:
+        self.last = self.clock()
+        return super().__call__()
+
+    def next_due(self) -> float:
+        return self.last + self.every
+
+
 class Run:
     """Drives a schedule: one boundary per call, with the signals given, audits costing ``cost``."""
 
@@ -66,13 +82,13 @@ class Run:
         new: bool = False,
         pending: bool = False,
         partial: bool = False,
-        collecting: bool = False,
+        collector: str | None = None,
     ) -> str | None:
         self.boundary += 1
         self.now += self.step
         reason = self.schedule.boundary(self.now, self.boundary, old, held)
-        if reason == "old" and collecting:  # as the watcher does: the collector declines the request
-            self.schedule.declined += 1
+        if reason == "old" and collector is not None:  # as the watcher does: the collector "frees" the old
+            self.schedule.withdrawn(declined=collector == "declines")  # graphs, or "declines" to tell now
             reason = None
         self.reasons.append(reason)
         if reason is not None:
@@ -147,7 +163,7 @@ class QuietRun(Run):
 
     def __call__(self, old: int | None = None, held: Mapping[str, int] | None = None, **kwargs: Any) -> str | None:
         boundary, now = self.boundary + 1, self.now + self.step
-        if not held and self.schedule.quiet(boundary, now, old, kwargs.get("collecting", False)):
+        if not held and self.schedule.quiet(boundary, now, old, kwargs.get("collector") == "declines"):
             self.skipped_old += old is not None
             self.boundary, self.now = boundary, now
             self.reasons.append(None)
@@ -155,11 +171,21 @@ class QuietRun(Run):
         return super().__call__(old, held, **kwargs)
 
 
+def _paced(kind: type[Run]) -> Run:
+    """A run of 0.5 ms steps and 50 ms audits whose memory figure is due every 5 ms of its clock."""
+    reader = PacedReader(lambda: run.now)
+    run = kind(_fresh(memory=TriggerSettings(), reader=lambda: reader), step=0.0005, cost=0.05)
+    return run
+
+
 @pytest.mark.parametrize("pattern", ["storm", "windows", "late-leak", "collector-rationed"])
 def test_a_boundary_skipped_while_an_old_request_is_held_back_decides_as_the_schedule_would(pattern: str) -> None:
     """The watcher skips the schedule at quiet boundaries, old graphs or not, while it holds the old
     signal's requests back: every audit, and every declined request, is the same as without skipping."""
-    runs = [Run(_fresh(), step=0.0005, cost=0.05), QuietRun(_fresh(), step=0.0005, cost=0.05)]
+    if pattern == "collector-rationed":  # a memory figure due by time ends each quiet stretch
+        runs = [_paced(Run), _paced(QuietRun)]
+    else:
+        runs = [Run(_fresh(), step=0.0005, cost=0.05), QuietRun(_fresh(), step=0.0005, cost=0.05)]
     for run in runs:
         for _ in range(STARTUP):
             run()
@@ -168,8 +194,9 @@ def test_a_boundary_skipped_while_an_old_request_is_held_back_decides_as_the_sch
                 run(old=b - 3)
             elif pattern == "windows":  # old graphs for a while, then none, again and again
                 run(old=b - 3 if (b // 700) % 2 else None)
-            elif pattern == "collector-rationed":  # cyclic garbage the collector's ration leaves for later
-                run(old=b - 3 if b % 90 else None, collecting=b % 400 > 20)
+            elif pattern == "collector-rationed":  # cyclic garbage, freed by the collector or left for later
+                collector = None if 20000 <= b < 20010 else "declines" if b % 400 > 20 else "frees"
+                run(old=b - 3 if b % 90 else None, collector=collector)
             else:  # clean, then a leak that starts late
                 run(old=b - 3 if b > 20000 else None, new=b == 20003)
     plain, quiet = runs
