@@ -34,13 +34,17 @@ def live_graph_tensors(
     receives the ``grad_fn`` of every view of a parameter (the model's own nodes, alive as long as it is).
     """
     kinds = _tensor_types()
+    optimizer_kinds = _subclasses(torch.optim.Optimizer) if optimizers is not None else frozenset()
+    wanted = kinds | optimizer_kinds
     objects = gc.get_objects(0) + gc.get_objects(1) if young else gc.get_objects()
-    types_ = list(map(type, objects))
-    tensors = list(itertools.compress(objects, map(kinds.__contains__, types_)))
+    # One pass in C over every object, told apart by exact type; the few kept are split afterwards.
+    picked = list(itertools.compress(objects, map(wanted.__contains__, map(type, objects))))
+    del objects  # it refers to every object: no search may run while it lives
+    tensors = picked
     if optimizers is not None:
-        optimizer_kinds = _subclasses(torch.optim.Optimizer)
-        optimizers.extend(itertools.compress(objects, map(optimizer_kinds.__contains__, types_)))
-    del objects, types_  # it refers to every object: no search may run while it lives
+        optimizers.extend(o for o in picked if type(o) in optimizer_kinds)
+        tensors = [o for o in picked if type(o) in kinds]
+    del picked
     found = []
     for t in tensors:
         if id(t) in exclude_ids:
