@@ -193,8 +193,8 @@ class Schedule:
         if self.started is None:
             self.started = now
             self.governor.start(now)
-        elif old is None and not held and now < self.quiet_until and self.startup < boundary < self.retry_due:
-            return None  # the common boundary: no signal, nothing due on time (see _plan_quiet)
+        elif old is None and not held and self.quiet(boundary, now, None):
+            return None  # the common boundary: no signal, nothing due on time
         hunting = self.every != "auto"
         if boundary > self.startup and hunting and boundary % self.every:  # type: ignore[operator]
             return None
