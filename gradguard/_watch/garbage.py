@@ -81,8 +81,9 @@ class Collector:
         self.spent = 0.0
         """Seconds the collections of its own took."""
         self.until = -math.inf
-        """Before this time (the governor's clock) a collection of its own is not affordable: with the
-        collector enabled, :meth:`garbage` declines a request at once (see :meth:`declines`)."""
+        """Before this time (the governor's clock) its collections so far are over their ration: a
+        collection of its own is not affordable, and :meth:`garbage` declines a request at once (the
+        first collection is free: none is counted yet)."""
         self.collected = 0
         """Collections of its own."""
         self.waiting: int | None = None
@@ -139,7 +140,7 @@ class Collector:
             return False
         self.waiting = None
         start = self._clock()
-        if self.collected and self.spent > COLLECT_SHARE * self._governor.elapsed():
+        if start < self.until:
             return None
         self._collect()
         cost = self._clock() - start

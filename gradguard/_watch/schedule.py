@@ -322,7 +322,7 @@ class Schedule:
         self.seen = boundary
         return True
 
-    def _holds_old(self, boundary: int, now: float, collecting: bool = False) -> bool:
+    def _holds_old(self, boundary: int, now: float, collecting: bool) -> bool:
         """At a boundary quiet but for an old graph: whether the old signal's request is declined for
         sure, by :meth:`boundary` (its gap not gone by, or the governor's share not reached since the
         last plan) or by the caller after it (``collecting``: the collector's own collections are over
