@@ -152,6 +152,7 @@ class _Process:
                 base=self.base,
                 at_exit=self.at_exit,
                 error="; ".join(self.errors) or None,
+                timeline=getattr(watcher, "timeline", None),
             )
             try:
                 write(self.path, report)

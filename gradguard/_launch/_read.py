@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from .._policy.stats import SiteStats
 from .._watch.summary import HolderHistory, WatchFigures
 from ._names import pattern, runs_in
-from ._report import FIELDS, FIGURES_FIELDS, FORMAT, HOLDER_FIELDS, KINDS, STATS_FIELDS, VERSION, Record
+from ._report import FIELDS, FIGURES_FIELDS, FORMAT, HOLDER_FIELDS, KINDS, OPTIONAL, STATS_FIELDS, VERSION, Record
 
 __all__ = ["RunFolder", "check", "read_run", "record"]
 
@@ -130,7 +130,26 @@ def check(report: object) -> str | None:
     fields = FIELDS.get(report.get("kind"))  # type: ignore[arg-type]
     if fields is None:
         return f"the field 'kind' is {_shown(report.get('kind'))}, not one of {', '.join(map(repr, FIELDS))}"
-    return _fields("", report, fields)
+    return _fields("", report, fields) or _optional(report, OPTIONAL[report["kind"]])
+
+
+def _optional(report: Mapping[str, Any], fields: Mapping[str, str]) -> str | None:
+    """What is wrong with the optional fields a report has (a report without them is whole)."""
+    for name, kind in fields.items():
+        value = report.get(name)
+        if value is None:
+            continue
+        if kind == "timeline":
+            from .._watch.timeline import Timeline
+
+            try:
+                Timeline.from_dict(value)
+            except ValueError as exc:
+                return f"the field {name!r} is not a timeline: {exc}"
+        elif kind == "platform":
+            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                return f"the field {name!r} is {_shown(value)}, not an object of strings"
+    return None
 
 
 _MADE: dict[str, tuple[type, Mapping[str, str]]] = {
@@ -165,7 +184,8 @@ def record(report: Mapping[str, Any]) -> Record:
     """
     kind = report["kind"]
     fields = FIELDS[kind]
-    return KINDS[kind](**{name: _typed(k, report[name]) for name, k in fields.items() if name not in _HEAD})
+    given = {name: report[name] for name in OPTIONAL[kind] if report.get(name) is not None}
+    return KINDS[kind](**{name: _typed(k, report[name]) for name, k in fields.items() if name not in _HEAD}, **given)
 
 
 def read_run(folder: str, run: str | None) -> RunFolder:

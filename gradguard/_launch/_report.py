@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FIELDS",
     "FIGURES_FIELDS",
+    "OPTIONAL",
     "FORMAT",
     "HOLDER_FIELDS",
     "STATS_FIELDS",
@@ -98,6 +99,10 @@ class ProcessReport(ReportHead):
         holders: Every holder its watch found, the bounded ones too.
         stats: The :class:`SiteStats` of every guarded-store site that saw a record.
         at_exit: Written by its exit handler (``False``: at its last audit).
+        timeline: Its watch's timeline (:meth:`gradguard._watch.timeline.Timeline.to_dict`), or ``None``
+            (no watch, or a watch that keeps none); optional in a file.
+        platform: The versions and the machine it ran on (``python``, ``torch``, ``gradguard``,
+            ``machine``, ``cuda``), or ``None``; optional in a file.
     """
 
     started: int | None
@@ -114,6 +119,14 @@ class ProcessReport(ReportHead):
     holders: tuple[HolderHistory, ...]
     stats: tuple[SiteStats, ...]
     at_exit: bool
+    # optional in a file (reports of this version written before they existed have neither), and not
+    # compared: two records of the same moment are equal whatever their curve
+    timeline: dict[str, Any] | None = dataclasses.field(
+        default=None, compare=False, metadata={"kind": "timeline", "optional": True}
+    )
+    platform: dict[str, str] | None = dataclasses.field(
+        default=None, compare=False, metadata={"kind": "platform", "optional": True}
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,13 +172,19 @@ _KIND_OF = {
 }
 
 
-def _schema(cls: type) -> dict[str, str]:
-    return {f.name: f.metadata.get("kind") or _KIND_OF[str(f.type)] for f in dataclasses.fields(cls)}
+def _schema(cls: type, optional: bool = False) -> dict[str, str]:
+    return {
+        f.name: f.metadata.get("kind") or _KIND_OF[str(f.type)]
+        for f in dataclasses.fields(cls)
+        if bool(f.metadata.get("optional")) == optional
+    }
 
 
 _HEAD = {"format": "text", "version": "count", "kind": "text"}
 FIELDS: dict[str, dict[str, str]] = {kind: {**_HEAD, **_schema(cls)} for kind, cls in KINDS.items()}
 """The fields each kind of report has, and the kind of value of each: what a reader checks before using one."""
+OPTIONAL: dict[str, dict[str, str]] = {kind: _schema(cls, optional=True) for kind, cls in KINDS.items()}
+"""The fields a report may have (checked when there), each kind's."""
 FIGURES_FIELDS = _schema(WatchFigures)
 HOLDER_FIELDS = _schema(HolderHistory)
 STATS_FIELDS = _schema(SiteStats)
@@ -298,6 +317,7 @@ def content(
     base: Baseline,
     at_exit: bool,
     error: str | None,
+    timeline: Any = None,
 ) -> ProcessReport:
     """The report of this process now.
 
@@ -314,6 +334,7 @@ def content(
         base: What a fork child inherited (the child counts from there); ``Baseline()`` otherwise.
         at_exit: Whether its exit handler writes it.
         error: Why it is not (fully) checked, or ``None``.
+        timeline: Its watcher's timeline (anything with ``to_dict()``), or ``None``.
 
     Returns:
         The record, for :func:`to_json`.
@@ -340,7 +361,37 @@ def content(
         holders=_holders(holders, base),
         stats=_stats(stats, base),
         at_exit=at_exit,
+        timeline=None if timeline is None else timeline.to_dict(),
+        platform=_platform(),
     )
+
+
+_PLATFORM: dict[str, str] = {}
+
+
+def _platform() -> dict[str, str]:
+    """The versions and the machine, read once per process (torch's and CUDA's once torch has them)."""
+    if not _PLATFORM:
+        import platform
+
+        try:
+            from importlib.metadata import version
+
+            ours = version("gradguard")
+        except Exception:  # noqa: BLE001 - a source tree that is not installed
+            ours = "unknown"
+        _PLATFORM.update(python=platform.python_version(), gradguard=ours,
+                         machine=f"{platform.platform()}, {os.cpu_count()} CPUs")  # fmt: skip
+    torch = sys.modules.get("torch")
+    if torch is not None and "torch" not in _PLATFORM:
+        _PLATFORM["torch"] = str(getattr(torch, "__version__", "?"))
+    if torch is not None and "cuda" not in _PLATFORM:
+        try:
+            if torch.cuda.is_initialized():
+                _PLATFORM["cuda"] = torch.cuda.get_device_name()
+        except Exception:  # noqa: BLE001 - a report never fails on what it only describes
+            pass
+    return dict(_PLATFORM)
 
 
 def nested_record(
@@ -380,9 +431,13 @@ def write(path: str, report: Record | Mapping[str, Any]) -> None:
     Raises:
         OSError: the file cannot be written (the old one, if any, is left as it was).
     """
-    document = to_json(report) if dataclasses.is_dataclass(report) else report
+    document = dict(to_json(report) if dataclasses.is_dataclass(report) else report)
+    timeline = document.pop("timeline", None)
+    text = json.dumps(document, indent=1, default=str)
+    if timeline is not None:  # thousands of numbers: one line, not one line each
+        text = f'{text[:-2]},\n "timeline": {json.dumps(timeline, separators=(",", ":"), default=str)}\n}}'
     temporary = f"{path}.{os.getpid()}.tmp"
     with open(temporary, "w", encoding="utf-8") as f:
-        json.dump(document, f, indent=1, default=str)
+        f.write(text)
         f.write("\n")
     os.replace(temporary, path)
