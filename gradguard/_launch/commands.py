@@ -31,12 +31,13 @@ if TYPE_CHECKING:
 
     Handler = Callable[[int, types.FrameType | None], object] | int | signal.Handlers | None
 
-__all__ = ["RUN_USAGE", "env", "report", "run", "settings_options"]
+__all__ = ["RUN_USAGE", "env", "page_options", "report", "run", "settings_options"]
 
 RUN_USAGE = (
-    "gradguard run [--mode MODE] [--audit-every N] [--report-dir DIR] (script.py | -m module | program) [args ...]"
+    "gradguard run [--mode MODE] [--audit-every N] [--report-dir DIR] [--html FILE] [--png FILE] "
+    "(script.py | -m module | program) [args ...]"
 )
-_RUN_OPTIONS = ("--mode", "--audit-every", "--report-dir")
+_RUN_OPTIONS = ("--mode", "--audit-every", "--report-dir", "--html", "--png")
 _PROGRAMS = "a program on PATH (torchrun, accelerate, deepspeed, python, ...)"
 
 
@@ -64,6 +65,32 @@ def settings_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def page_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--html`` and ``--png``, which ``gradguard run`` and ``gradguard report`` share.
+
+    Args:
+        parser: The command's parser.
+    """
+    parser.add_argument(
+        "--html",
+        metavar="FILE",
+        help="write one self-contained page of the run (memory per process, the leaks marked, the holders, "
+        "what was not covered) when the command ends; opens offline; needs gradguard[report]",
+    )
+    parser.add_argument("--png", metavar="FILE", help="write the page's plot as a PNG (needs matplotlib)")
+
+
+def _page_files(args: argparse.Namespace, prog: str) -> bool:
+    """Whether ``--html`` and ``--png`` can be written (their folders, what they need installed); says why not."""
+    from ._page import check
+
+    wrong = check(args.html, args.png)
+    if wrong is not None:
+        print(f"{prog}: {wrong}", file=sys.stderr)
+        return False
+    return True
+
+
 def _run_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gradguard run",
@@ -80,6 +107,7 @@ def _run_parser() -> argparse.ArgumentParser:
         ),
     )
     settings_options(parser)
+    page_options(parser)
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run library module MODULE as python -m does")
     parser.add_argument("script", nargs="?", help=f"the script, or {_PROGRAMS}; its arguments follow it")
     return parser
@@ -256,7 +284,7 @@ def run(argv: list[str]) -> int:
     if args.module is not None and args.script is not None:
         parser.error("give either a script or -m MODULE, not both")
     chosen = _settings(args, "gradguard run")
-    if chosen is None:
+    if chosen is None or not _page_files(args, "gradguard run"):
         return 2
     mode, every = chosen
     command = _command(args.module, target)
@@ -280,6 +308,8 @@ def run(argv: list[str]) -> int:
     found = read_run(folder, run_id)
     merged = merge(found.reports, found.problems, folder, hint=hint)
     print(merged.text, file=sys.stderr, flush=True)
+    if not _write_page(args.html, args.png, found.reports, found.problems, merged.text, folder, "gradguard run"):
+        code = code or 2
     _leave_a_record(folder, run_id, code, merged)
     if code == 0 and merged.raised:
         code = 1  # a process caught the GraphRetentionError, or its exit status did not reach the command's
@@ -444,12 +474,30 @@ def env(args: argparse.Namespace) -> int:
     return 0
 
 
-def report(folder: str, run_id: str | None) -> int:
-    """``gradguard report DIR [--run ID]``: print the merged summary of a run folder.
+def _write_page(
+    html: str | None, png: str | None, reports: Sequence[Record], problems: Sequence[str], summary: str,
+    folder: str, prog: str,
+) -> bool:  # fmt: skip
+    """Write ``--html`` and ``--png`` (each given) and say where; ``False`` after saying why one was not written."""
+    if html is None and png is None:
+        return True
+    from ._page import write
+
+    for line in write(html, png, reports, problems, summary, folder):
+        print(f"{prog}: {line}", file=sys.stderr, flush=True)
+        if line.startswith("cannot"):
+            return False
+    return True
+
+
+def report(folder: str, run_id: str | None, html: str | None = None, png: str | None = None) -> int:
+    """``gradguard report DIR [--run ID] [--html FILE] [--png FILE]``: print the merged summary of a run folder.
 
     Args:
         folder: The run folder.
         run_id: The run to merge, when the folder holds several (``None``: the only one there).
+        html: Where to write the run's page, or ``None``.
+        png: Where to write the page's plot as a PNG, or ``None``.
 
     Returns:
         The exit status: 1 when a process found a leak in ``raise`` mode, or when a report could not be
@@ -471,6 +519,8 @@ def report(folder: str, run_id: str | None) -> int:
         except GradGuardError as exc:
             print(f"gradguard report: {exc}", file=sys.stderr)
             return 2
+    if not _page_files(argparse.Namespace(html=html, png=png), "gradguard report"):
+        return 2
     found = read_run(folder, run_id)
     runs: dict[str, list[Record]] = {}
     for r in found.reports:
@@ -485,4 +535,8 @@ def report(folder: str, run_id: str | None) -> int:
         return 2
     merged = merge(found.reports, found.problems, folder=os.path.abspath(folder), prog="gradguard report")
     print(merged.text)
+    written = _write_page(html, png, found.reports, found.problems, merged.text, os.path.abspath(folder),
+                          "gradguard report")  # fmt: skip
+    if not written:
+        return 2
     return 1 if merged.raised or found.problems else 0

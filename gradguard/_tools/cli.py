@@ -138,12 +138,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.add_argument(
         "--run", metavar="ID", help="the run whose reports to merge, when the folder holds several (GRADGUARD_RUN_ID)"
     )
+    commands.page_options(report)
 
     args = parser.parse_args(argv)
     if args.command == "env":
         return commands.env(args)
     if args.command == "report":
-        return commands.report(args.folder, args.run)
+        return commands.report(args.folder, args.run, html=args.html, png=args.png)
     if args.command == "bench":
         from .._errors import GradGuardError
         from .._policy.modes import get_mode
