@@ -132,7 +132,7 @@ def curves(processes: Sequence[tuple[str, Mapping[str, Any] | None, Sequence[Any
         for h in holders:  # a watch that kept no event for it: its first kept boundary, from the holder record
             if h.outcome != "bounded" and ("leak-start", h.path) not in seen and ("leak-start", h.holder) not in seen:
                 x = float(h.found_at)
-                markers.append(Marker("leak-start", h.path, x, _memory_at(points, x), f"found at step {h.found_at}"))
+                markers.append(Marker("leak-start", h.holder, x, _memory_at(points, x), f"found at step {h.found_at}"))
         slope = _fit(points)
         span = (points[-1][0] - points[0][0]) if points else 0.0
         growth = slope * span

@@ -72,7 +72,7 @@ def _holders(processes: Sequence[Process]) -> list[dict[str, Any]]:
         row["pinned_text"] = human(row["pinned"])
         row["released_text"] = human(row["released_bytes"]) if row["released_bytes"] else ""
         row["leaking"] = row["outcome"] != "bounded"
-    return sorted(rows.values(), key=lambda r: (not r["leaking"], -r["pinned"], r["path"]))
+    return sorted(rows.values(), key=lambda r: (not r["leaking"], -r["pinned"], r["holder"]))
 
 
 def _context(processes: Sequence[Process], problems: Sequence[str], summary: str, folder: str) -> dict[str, Any]:

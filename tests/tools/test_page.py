@@ -1,0 +1,109 @@
+"""The run's page and plot (``--html``, ``--png``) without a browser: what the page holds, files left
+out, bad paths refused before anything runs, what is missing named with what to install."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from _pages import LEAKY, gradguard, two_ranks
+
+from gradguard._errors import GradGuardError
+from gradguard._launch import commands
+
+
+def _page(tmp_path: Path, corrupt: bool = False) -> str:
+    folder = two_ranks(tmp_path / "run", corrupt=corrupt)
+    page = tmp_path / "page.html"
+    code = commands.report(str(folder), None, html=str(page), png=str(tmp_path / "plot.png"))
+    assert code == (1 if corrupt else 0)
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return page.read_text(encoding="utf-8")
+
+
+def test_the_page_holds_a_curve_per_rank_the_growing_one_first_its_markers_and_the_holder(tmp_path: Path) -> None:
+    text = _page(tmp_path)
+    curves = re.findall(r'<polyline class="curve" data-process="([^"]+)"', text)
+    assert curves == ["rank 1/2", "rank 0/2"]  # the one that grows first
+    assert re.search(r'<tr class="process grows" data-process="rank 1/2">', text)
+    assert 'data-process="rank 0/2">' in text and '<tr class="process grows" data-process="rank 0/2">' not in text
+    kinds = re.findall(r'<g class="marker" data-kind="([a-z-]+)" data-holder="__main__:losses\[\*\]"', text)
+    assert sorted(kinds) == ["leak-start", "report"]
+    assert '<code class="path">__main__:losses[*]</code>' in text and "KEPT = gradguard.guard([])" in text
+    assert "<th>torch</th><td>2.13.0</td>" in text and "Every report file of this run could be read." in text
+
+
+def test_the_page_fetches_nothing(tmp_path: Path) -> None:
+    text = _page(tmp_path)
+    assert not re.search(r"""(src|href|xmlns|url)\s*[=(]\s*["']?\s*(https?:)?//""", text, re.IGNORECASE)
+    assert "http://" not in text and "https://" not in text
+    assert "<link" not in text and "<script src" not in text and "@import" not in text
+    assert "default-src 'none'" in text  # and the browser is told to refuse any request
+
+
+def test_a_report_left_out_is_named_on_the_page_and_the_rest_shown(tmp_path: Path) -> None:
+    text = _page(tmp_path, corrupt=True)
+    assert '<ul id="left-out"><li class="bad">report-r1-node-1-999-00.json: unreadable (' in text
+    assert len(re.findall(r'<polyline class="curve"', text)) == 2
+
+
+def test_a_report_without_a_timeline_still_marks_where_its_leak_was_found(tmp_path: Path) -> None:
+    from _reports import holder, process
+
+    from gradguard._launch import _names, _report
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    report = process(top=True, boundaries=4, audits=4, holders=[holder(8, outcome="warned", path="__main__:kept[*]")])
+    _report.write(str(folder / _names.file_name("r1", "node-1", 100)), report)
+    assert commands.report(str(folder), None, html=str(tmp_path / "page.html")) == 0
+    text = (tmp_path / "page.html").read_text()
+    assert '<p class="bad" id="no-timeline">No memory timeline in the report of: pid 100 (the command)' in text
+    assert re.search(r'<g class="marker" data-kind="leak-start" data-holder="__main__:KEPT\[\*\]"', text)
+
+
+def test_an_unwritable_page_path_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("open('ran', 'w').close()\n")
+    for flag in ("--html", "--png"):
+        bad = str(tmp_path / "missing" / "page.out")
+        run = gradguard("run", flag, bad, "train.py", cwd=tmp_path)
+        assert run.returncode == 2, run.stderr
+        assert (
+            f"gradguard run: {flag}={bad!r} is not accepted (the folder " in run.stderr
+            and "does not exist" in run.stderr
+        )
+        assert not (tmp_path / "ran").exists()
+    run = gradguard("report", str(tmp_path), "--html", str(tmp_path), cwd=tmp_path)
+    assert run.returncode == 2 and "is not accepted (it is a folder)" in run.stderr
+
+
+def test_what_the_page_needs_is_named_with_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from gradguard._tools.page import require
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in ("jinja2", "matplotlib") else found(name, *a)
+    )
+    with pytest.raises(
+        GradGuardError, match=r"--html needs jinja2, which is not installed: pip install 'gradguard\[report\]'"
+    ):
+        require("--html")
+    with pytest.raises(GradGuardError, match=r"--png needs matplotlib, which is not installed: pip install"):
+        require("--png")
+
+
+def test_gradguard_run_writes_the_page_when_the_command_ends_and_says_where(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(LEAKY)
+    run = gradguard("run", "--mode", "warn", "--html", "page.html", "--report-dir", "reports", "train.py", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "gradguard run: the page of this run: page.html" in run.stderr
+    text = (tmp_path / "page.html").read_text()
+    assert '<code class="path">__main__:losses[*]</code>' in text and "losses = gradguard.guard([])" in text
+    again = gradguard("report", "reports", "--html", "again.html", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    same = (tmp_path / "again.html").read_text()
+    strip = lambda t: re.sub(r"page made [0-9: -]+", "", t)  # noqa: E731
+    assert strip(same) == strip(text)
