@@ -193,6 +193,26 @@ class Timeline:
             found = _pairs(found)
         return found
 
+    def latest(self) -> dict[str, Any] | None:
+        """The last boundary recorded, of either clock (for a logger's scalars).
+
+        Returns:
+            ``clock``, ``step``, ``micro``, ``memory``, ``nodes``, ``seconds`` of the latest point (a
+            bucket's highest figures where it was merged), or ``None`` before the first.
+        """
+        found: dict[str, Any] | None = None
+        for clock, series in (("step", self._step), ("micro", self._micro)):
+            if series.raw:
+                step, micro, memory, nodes, seconds = series.raw[-1]
+            elif series.buckets:
+                step, micro, seconds, _, memory, _, nodes, _ = series.buckets[-1]
+            else:
+                continue
+            if found is None or seconds >= found["seconds"]:
+                found = {"clock": clock, "step": step, "micro": micro, "memory": memory, "nodes": nodes,
+                         "seconds": seconds}  # fmt: skip
+        return found
+
     def events(self) -> list[dict[str, Any]]:
         """The events kept, in the order of their time.
 
@@ -256,8 +276,8 @@ def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
-_EVENT_FIELDS: dict[str, Any] = {"kind": str, "holder": str, "step": _whole, "micro": _whole, "seconds": _number, "bytes": _whole,
-                 "text": str}  # fmt: skip
+_EVENT_FIELDS: dict[str, Any] = {"kind": str, "holder": str, "step": _whole, "micro": _whole,
+                                 "seconds": _number, "bytes": _whole, "text": str}  # fmt: skip
 _COLUMN_OK = {"step": _whole, "micro": _whole, "seconds": _number, "count": _whole}
 
 

@@ -20,7 +20,11 @@ from .._watch.audit import Ignore, RetentionReport
 from .._watch.trigger import TriggerSettings
 from .._watch.watcher import Watcher
 
-__all__ = ["MissingFrameworkError", "WatchedRun", "import_framework"]
+__all__ = ["GRAPH_NODES", "MEMORY", "PINNED_BYTES", "MissingFrameworkError", "WatchedRun", "import_framework"]
+
+MEMORY = "gradguard/memory"
+GRAPH_NODES = "gradguard/graph_nodes"
+PINNED_BYTES = "gradguard/pinned_bytes"
 
 logger = logging.getLogger("gradguard")
 
@@ -111,6 +115,31 @@ class WatchedRun:
         if holders:
             logger.info("step %d: %d holder(s) retain autograd graphs pinning %d bytes", step, holders, pinned)
         return float(holders), float(pinned)
+
+    def scalars(self) -> dict[str, float]:
+        """The figures the callbacks log through the framework's own logger.
+
+        Returns:
+            ``gradguard/memory`` (bytes in use at the watch's latest boundary: CUDA's allocated bytes where
+            CUDA is used, else the CPU figure), ``gradguard/graph_nodes`` (graph nodes alive then, else those
+            of the leaking holders at their last audit) and ``gradguard/pinned_bytes`` (what the leaking
+            holders' graphs pinned at their last audit); a figure that cannot be read is left out.
+        """
+        timeline = getattr(self.watcher, "timeline", None)
+        latest = timeline.latest() if timeline is not None else None
+        history = self.watcher.history()
+        memory = latest["memory"] if latest is not None else None
+        if memory is None:
+            from .._watch.allocated import in_use
+
+            memory = in_use()
+        nodes = latest["nodes"] if latest is not None else None
+        if nodes is None:
+            nodes = sum(h.nodes for h in history)
+        found = {GRAPH_NODES: float(nodes), PINNED_BYTES: float(sum(h.pinned_bytes for h in history))}
+        if memory is not None:
+            found[MEMORY] = float(memory)
+        return found
 
     def finish(self) -> None:
         """The watch's summary to ``logging.getLogger("gradguard")``: a warning when a leak was found."""

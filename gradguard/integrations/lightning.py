@@ -11,9 +11,10 @@ At the end of every training batch after which the optimizer stepped (``trainer.
 moved: with ``accumulate_grad_batches=N`` that is every N-th batch), the callback passes one
 boundary to a :class:`gradguard.Watcher`, which audits every ``every``-th boundary and acts on
 the leaks it finds by ``mode``. What an audit found is logged with ``pl_module.log`` as
-``gradguard/retentions`` (holders) and ``gradguard/retained_bytes`` (what their graphs pin), so it
-reaches ``trainer.logger`` and ``trainer.callback_metrics`` like any metric, and a summary line goes
-to ``logging.getLogger("gradguard")``.
+``gradguard/retentions`` (holders) and ``gradguard/retained_bytes`` (what their graphs pin), and at
+each logging step (``log_every_n_steps``) the watch's ``gradguard/memory``, ``gradguard/graph_nodes``
+and ``gradguard/pinned_bytes``, so they reach ``trainer.logger`` and ``trainer.callback_metrics`` like
+any metric; a summary line goes to ``logging.getLogger("gradguard")``.
 
 Importing this module imports ``lightning``; without it the import is a
 :class:`gradguard.integrations.MissingFrameworkError`.
@@ -67,7 +68,8 @@ class GradGuardCallback(WatchedRun, Callback):
 
         Args:
             trainer: The trainer (its ``global_step`` says whether the optimizer stepped).
-            pl_module: Its module, which logs ``gradguard/retentions`` and ``gradguard/retained_bytes``.
+            pl_module: Its module, which logs ``gradguard/retentions`` and ``gradguard/retained_bytes``, and
+                the watch's scalars at each logging step.
             outputs: The batch's outputs (not read).
             batch: The batch (not read).
             batch_idx: The batch's index (not read).
@@ -83,6 +85,9 @@ class GradGuardCallback(WatchedRun, Callback):
             holders, pinned = found
             pl_module.log("gradguard/retentions", holders, on_step=True, on_epoch=False, batch_size=1)
             pl_module.log("gradguard/retained_bytes", pinned, on_step=True, on_epoch=False, batch_size=1)
+        if trainer.global_step % max(int(getattr(trainer, "log_every_n_steps", 1) or 1), 1) == 0:
+            for name, value in self.scalars().items():
+                pl_module.log(name, value, on_step=True, on_epoch=False, batch_size=1)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """The watch's summary to ``logging.getLogger("gradguard")``.

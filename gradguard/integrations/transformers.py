@@ -12,9 +12,10 @@ trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[GradGua
 :class:`gradguard.Watcher`, which audits every ``every``-th boundary and acts on the leaks it
 finds by ``mode``. At the Trainer's next log the callback adds ``gradguard/retentions`` (holders)
 and ``gradguard/retained_bytes`` (what their graphs pin), the largest values of the audits since
-the previous log, to the logged ``logs`` and to that step's entry of ``state.log_history``, and a
-summary line goes to ``logging.getLogger("gradguard")``. The Trainer calls the callbacks it was given
-after its reporting integrations (``report_to``), so those do not see the two values; the console
+the previous log, and the watch's ``gradguard/memory``, ``gradguard/graph_nodes`` and
+``gradguard/pinned_bytes``, to the logged ``logs`` and to that step's entry of ``state.log_history``;
+a summary line goes to ``logging.getLogger("gradguard")``. The Trainer calls the callbacks it was given
+after its reporting integrations (``report_to``), so those do not see these values; the console
 printer and ``state.log_history`` (``trainer_state.json``) do.
 
 Importing this module imports ``transformers``; without it the import is a
@@ -95,7 +96,9 @@ class GradGuardCallback(WatchedRun, TrainerCallback):
         logs: dict[str, float] | None = None,
         **kwargs: Any,
     ) -> None:
-        """What the audits found since the last log, added to this log's metrics and to its ``log_history`` entry.
+        """What the audits found since the last log and the watch's scalars (``gradguard/memory``,
+        ``gradguard/graph_nodes``, ``gradguard/pinned_bytes``), added to this log's metrics and to its
+        ``log_history`` entry.
 
         Args:
             args: The Trainer's arguments.
@@ -104,12 +107,13 @@ class GradGuardCallback(WatchedRun, TrainerCallback):
             logs: The metrics being logged; ``None``: nothing is added.
             **kwargs: What else the Trainer passes (not read).
         """
-        if self._pending is None or logs is None:
+        if logs is None:
             return
-        logs.update(self._pending)
+        added = {**self.scalars(), **(self._pending or {})}
+        logs.update(added)
         # Trainer.log appended a copy of ``logs`` (plus "step") to log_history just before calling on_log.
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
-            state.log_history[-1].update(self._pending)
+            state.log_history[-1].update(added)
         self._pending = None
 
     def on_train_end(

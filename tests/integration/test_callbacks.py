@@ -257,6 +257,18 @@ def test_lightning_clean_module_gives_zero_reports(pl: SimpleNamespace, tmp_path
     assert logger.values("gradguard/retentions") == [0.0] * STEPS, logger.logged
 
 
+@pytest.mark.integration
+def test_lightning_logs_the_watchs_scalars_through_its_own_logger(pl: SimpleNamespace, tmp_path: Path) -> None:
+    module = pl.Module(keep=True)
+    callback = pl.integration.GradGuardCallback(mode="warn", every=1)
+    with pytest.warns(gradguard.GraphRetentionWarning):
+        trainer, logger = pl.fit(module, [callback], tmp_path)
+    memory, nodes, pinned = (logger.values(f"gradguard/{k}") for k in ("memory", "graph_nodes", "pinned_bytes"))
+    assert len(memory) == len(nodes) == len(pinned) == STEPS, logger.logged
+    assert all(m > 0 for m in memory) and pinned[0] == 0 and pinned[-1] >= PIN_BYTES, logger.logged
+    assert float(trainer.callback_metrics["gradguard/pinned_bytes"]) == pinned[-1]
+
+
 # --------------------------------------------------------------------------------------------------
 # Hugging Face Trainer
 # --------------------------------------------------------------------------------------------------
@@ -359,6 +371,16 @@ def test_hf_loss_sum_is_found_and_warned_about(
     retentions = _logged(trainer, "gradguard/retentions")
     assert retentions[-1] == 1.0 and retentions == sorted(retentions) and set(retentions) <= {0.0, 1.0}, retentions
     assert "'gradguard/retentions': '1'" in capsys.readouterr().out  # the Trainer's console log line
+
+
+@pytest.mark.integration
+def test_hf_logs_the_watchs_scalars_in_its_own_logs(hf: SimpleNamespace, tmp_path: Path) -> None:
+    callback = hf.integration.GradGuardCallback(mode="warn", every=1)
+    with pytest.warns(gradguard.GraphRetentionWarning):
+        trainer = hf.train(hf.LossSum, callback, tmp_path)
+    memory, nodes, pinned = (_logged(trainer, f"gradguard/{k}") for k in ("memory", "graph_nodes", "pinned_bytes"))
+    assert len(memory) == len(nodes) == len(pinned) >= STEPS, trainer.state.log_history
+    assert all(m > 0 for m in memory) and nodes[-1] > 0, trainer.state.log_history
 
 
 @pytest.mark.integration
