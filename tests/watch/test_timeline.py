@@ -84,6 +84,18 @@ def test_events_keep_the_first_per_holder_and_kind_the_latest_and_a_count() -> N
     assert [e["seconds"] for e in events] == sorted(e["seconds"] for e in events)
 
 
+def test_the_latest_point_is_of_either_clock() -> None:
+    timeline = Timeline(most=4)
+    assert timeline.latest() is None
+    for i in range(30):
+        timeline.point("micro", i // 2, i, 100 + i, 5, float(i))
+    timeline.point("step", 15, 30, 500, 9, 30.5)
+    assert timeline.latest() == {"clock": "step", "step": 15, "micro": 30, "memory": 500, "nodes": 9, "seconds": 30.5}
+    timeline.point("micro", 15, 31, 131, None, 31.0)
+    latest = timeline.latest()
+    assert latest == {"clock": "micro", "step": 15, "micro": 31, "memory": 131, "nodes": None, "seconds": 31.0}
+
+
 def test_a_timeline_reads_back_as_it_was_written_and_goes_on() -> None:
     timeline = Timeline(most=32)
     for i in range(500):
