@@ -49,8 +49,9 @@ def pinned_bytes(obj: object) -> int:
     Not visible, so not counted: memory held by hooks as opaque objects (a non-reentrant
     checkpoint's recomputation state, offload holders that are not tensors), the C++ node objects
     themselves, parameters, views of them saved for backward (``addmm`` saves ``weight.t()``) and
-    their gradients (they outlive any record anyway), and tensors held by Python closures or
-    ``ctx`` attributes other than ``save_for_backward``.
+    their gradients (they outlive any record anyway), and tensors held by Python closures. A custom
+    ``autograd.Function``'s tensors kept as plain ``ctx`` attributes (``ctx.x = x``, which no backward
+    frees) are counted, read from the context's own ``__dict__``.
 
     The walk never runs backward, never calls a checkpointed function and never unpacks a saved
     tensor that has saved-tensor hooks: the graphs, and the gradients they will produce, are left
@@ -125,7 +126,23 @@ def graph_memory(roots: Iterable[Any], counted: set[Hashable], held: set[int] | 
             nodes += 1
         for data in _saved_data(node):
             add(data)
+        for value in _context_tensors(node):
+            add(value)
     return total, nodes
+
+
+def _context_tensors(node: Any) -> Iterator[Any]:
+    """The tensors a custom ``autograd.Function`` keeps as plain ``ctx`` attributes (directly, or in a list
+    or tuple), read from the instance's ``__dict__`` (no code of the program runs)."""
+    try:
+        attributes = object.__getattribute__(node, "__dict__")
+    except (AttributeError, TypeError):
+        return
+    for value in list(attributes.values()):
+        if type(value) in (list, tuple):
+            yield from value
+        else:
+            yield value
 
 
 _SPARSE_PARTS = {

@@ -6,10 +6,12 @@ there lives as long as the longest-lived node that holds it, whatever holds the 
 running sum's next node, C++ code). A :class:`Ledger` puts *one* :class:`Stamp` object per step
 boundary count (the *epoch*) into every node it stamps at that epoch, and keeps one weak reference to
 it: "is a graph of epoch ``e`` still alive" is whether that reference is, however many nodes were
-stamped. A node stamped again when a later backward starts from it (or runs through it) gets the
-current epoch's *used* stamp; a node whose graph was judged gets its epoch's *explained* stamp, which
-is never counted. A stamp holds its epoch and the sequence numbers of its nodes, nothing of the graph.
-The design: ``docs/how-it-works.md`` (*Stamps*).
+stamped. Each backward that is not nested gets its own stamp (its *micro-batch* number beside its epoch),
+so the same reference also tells whether a graph a given backward ran through is still alive: the
+micro-batch clock's signal (:meth:`Ledger.micro_old`). A node stamped again when a later backward starts
+from it (or runs through it) gets the current epoch's *used* stamp; a node whose graph was judged gets
+its epoch's *explained* stamp, which is never counted. A stamp holds its epoch, its micro-batch and the
+sequence numbers of its nodes, nothing of the graph. The design: ``docs/how-it-works.md`` (*Stamps*).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = [
     "Stamp",
     "epochs_below",
     "metadata_of",
+    "micros_below",
     "node_key",
     "oldest_below",
 ]
@@ -74,12 +77,14 @@ class Stamp(list[int]):
         epoch: The step boundary count it was placed at.
         kind: ``FRESH``, ``USED`` (its nodes were stamped when a later backward started from them or ran
             through them) or ``EXPLAINED`` (a judged graph's nodes: never counted).
+        micro: The number of the backward that placed it (from 1), or 0 for one an audit placed.
     """
 
-    __slots__ = ("__weakref__", "epoch", "kind")
+    __slots__ = ("__weakref__", "epoch", "kind", "micro")
 
     epoch: int
     kind: int
+    micro: int
 
     __hash__ = object.__hash__  # type: ignore[assignment]
     __eq__ = object.__eq__  # type: ignore[assignment]
@@ -92,7 +97,8 @@ class Stamp(list[int]):
 
     def __repr__(self) -> str:
         what = "explained" if self.kind == EXPLAINED else "used" if self.kind == USED else "fresh"
-        return f"<gradguard stamp epoch={self.epoch} {what}>"
+        micro = f" micro={self.micro}" if self.micro else ""
+        return f"<gradguard stamp epoch={self.epoch}{micro} {what}>"
 
 
 _Entry = tuple[int, "weakref.ref[Stamp]"]
@@ -107,7 +113,8 @@ class Ledger:
     stamp's weak reference in epoch order, and reading them drops the dead ones from the front, so the
     answer costs the same on any heap and whatever the number of nodes. :meth:`judged` stops counting a
     node whose graph was judged. :meth:`settle` sets the horizon at or below which old stamps were looked
-    at by an audit.
+    at by an audit. :meth:`micro_old` reads the backwards' own stamps as :meth:`oldest_alive` reads the books,
+    from the front, for the micro-batch clock.
     """
 
     __slots__ = (
@@ -116,11 +123,13 @@ class Ledger:
         "_index",
         "_index_at",
         "_lock",
+        "_micro",
         "_open",
         "_settled",
         "first_key",
         "horizon",
         "key",
+        "micro_horizon",
         "placed",
     )
 
@@ -137,7 +146,13 @@ class Ledger:
         self._open: collections.deque[_Entry] = collections.deque()
         self._settled: list[_Entry] = []
         self._compact_at = _COMPACT
-        self._current: Stamp | None = None  # the newest epoch's fresh stamp, kept while that epoch is young
+        self._current: Stamp | None = None  # the newest backward's stamp, kept while its epoch is young
+        # The backwards' own stamps (micro-batch number, weak reference), in order; dropped from the front
+        # once dead or at or below the micro horizon.
+        self._micro: collections.deque[_Entry] = collections.deque()
+        self.micro_horizon = 0
+        """Backwards up to this one had their graphs looked at by an audit or a read: the micro-batch
+        clock's signal no longer asks about them."""
         self._lock = threading.Lock()
         self.horizon = -1
         """Stamps of epochs up to here were looked at by an audit."""
@@ -146,12 +161,9 @@ class Ledger:
 
     # --- placing ----------------------------------------------------------------------------------
 
-    def _token(self, epoch: int, kind: int, index: bool = True) -> Stamp:
+    def _token(self, epoch: int, kind: int, index: bool = True, micro: int = 0) -> Stamp:
         """The stamp of ``epoch`` and ``kind``, made when there is none (``index``: findable by them later;
-        the backwards' own fresh stamps need not be, :attr:`_current` is)."""
-        current = self._current
-        if kind == FRESH and current is not None and current.epoch == epoch:
-            return current
+        a backward's own stamp (``micro``, its number) need not be: :attr:`_current` is)."""
         ref = self._index.get(epoch * 4 + kind) if index else None
         token = None if ref is None else ref()
         if token is not None:
@@ -159,7 +171,10 @@ class Ledger:
         token = Stamp()
         token.epoch = epoch
         token.kind = kind
+        token.micro = micro
         ref = weakref.ref(token)
+        if micro:
+            self._micro.append((micro, ref))
         if index:
             found = self._index
             found[epoch * 4 + kind] = ref
@@ -196,13 +211,14 @@ class Ledger:
                     opened.append(entry)
             self._compact_at = 2 * len(opened) + _COMPACT
 
-    def stamp_roots(self, roots: Iterable[Any], epoch: int) -> list[Any]:
-        """A backward from ``roots`` (tensors, gradient edges or nodes) starts at ``epoch``: a root's node
-        with no stamp gets the epoch's, one stamped at an earlier epoch gets the epoch's *used* one (its
-        graph is in use again). Returns the nodes stamped for the first time."""
+    def stamp_roots(self, roots: Iterable[Any], epoch: int, micro: int = 0) -> list[Any]:
+        """A backward from ``roots`` (tensors, gradient edges or nodes) starts at ``epoch``; ``micro`` is its
+        number (0: a nested backward, stamped with the one it runs in): a root's node with no stamp gets
+        the backward's, one stamped at an earlier epoch gets the epoch's *used* one (its graph is in use
+        again). Returns the nodes stamped for the first time."""
         token = self._current
-        if token is None or token.epoch != epoch:
-            token = self._current = self._token(epoch, FRESH, index=False)
+        if token is None or token.epoch != epoch or (micro and token.micro != micro):
+            token = self._current = self._token(epoch, FRESH, index=False, micro=micro)
         key = self.key
         new = []
         for root in roots:
@@ -225,10 +241,11 @@ class Ledger:
             self.placed += len(new)
         return new
 
-    def place(self, node: Any, epoch: int, refresh: bool = False) -> bool:
+    def place(self, node: Any, epoch: int, refresh: bool = False, current: bool = False) -> bool:
         """Stamp ``node`` at ``epoch``; ``True`` when a stamp was placed or moved. ``refresh``: a node
-        stamped at an earlier epoch moves to this one's *used* stamp. A leaf's ``AccumulateGrad`` is never
-        stamped."""
+        stamped at an earlier epoch moves to this one's *used* stamp. ``current``: with the stamp of the
+        backward that runs now (a node below its roots), else with the epoch's own (an audit's). A leaf's
+        ``AccumulateGrad`` is never stamped."""
         key = node_key(node)
         if key is None:
             return False
@@ -242,7 +259,11 @@ class Ledger:
             self.used(metadata, found, epoch, key)
             return True
         else:
-            token = self._token(epoch, FRESH)
+            backward = self._current
+            if current and backward is not None and backward.epoch == epoch:
+                token = backward
+            else:
+                token = self._token(epoch, FRESH)
             self.placed += 1
         metadata[self.key] = token
         token.append(key)
@@ -310,6 +331,38 @@ class Ledger:
             entry = opened.popleft()
             if entry[1] is not ref:
                 opened.appendleft(entry)
+
+    def micro_old(self, before: int) -> int | None:
+        """The number of the earliest backward below ``before`` and above :attr:`micro_horizon` whose stamp is
+        alive (a graph it ran through is still held), or ``None``. Call it in the thread that steps (or the
+        only one that runs backwards): it drops what it passes from the front of its list, and the dead
+        from the front of the books, as :meth:`oldest_alive` does."""
+        self.trim()
+        found = self._micro
+        horizon = self.micro_horizon
+        while found:
+            micro, ref = found[0]
+            if micro >= before:
+                return None
+            if micro > horizon and ref() is not None:
+                return micro
+            found.popleft()
+        return None
+
+    def trim(self) -> None:
+        """Drop the dead stamps from the front of the books (between boundaries, so that a program of
+        many backwards and no optimizer step keeps them short)."""
+        opened = self._open
+        while opened:
+            entry = opened[0]
+            if entry[1]() is not None:
+                if len(opened) > self._compact_at:
+                    self._compact()
+                return
+            entry = opened.popleft()
+            if entry[1]() is not None:  # another thread's insert at the front meanwhile: put back
+                opened.appendleft(entry)
+                return
 
     def settle(self, horizon: int) -> None:
         """Stamps of epochs up to ``horizon`` were looked at by an audit: :meth:`oldest_alive` no longer asks
@@ -418,3 +471,46 @@ def _walk(
                 first_low = epochs[1] if first_low is None else min(first_low, epochs[1])
                 first_high = epochs[2] if first_high is None else max(first_high, epochs[2])
         memo[node] = None if low is None or first_low is None or first_high is None else (low, first_low, first_high)
+
+
+def micros_below(roots: Iterable[Any], ledger: Ledger, stop: set[Any] | None = None) -> dict[Any, int]:
+    """For each root node, the number of the earliest backward whose own stamp is in its graph (a backward
+    ran through it); roots whose graph holds none are left out. The walk does not go into ``stop``'s nodes.
+    Each node is visited once for all the roots."""
+    keys = ledger.keys()
+    memo: dict[Any, int] = {}
+    found: dict[Any, int] = {}
+    for root in roots:
+        if root is None:
+            continue
+        if root not in memo:
+            _walk_micro(root, ledger, keys, memo, stop)
+        micro = memo[root]
+        if micro:
+            found[root] = micro
+    return found
+
+
+def _walk_micro(root: Any, ledger: Ledger, keys: frozenset[Key], memo: dict[Any, int], stop: set[Any] | None) -> None:
+    """Post-order over ``root``'s graph, without recursion: ``memo[node]`` is the earliest backward's number
+    below it (0: none)."""
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if not expanded:
+            if node in memo:
+                continue
+            memo[node] = 0
+            if stop and node in stop and node is not root:
+                continue
+            stack.append((node, True))
+            stack.extend((child, False) for child, _ in node.next_functions if child is not None and child not in memo)
+            continue
+        own = ledger.stamp(node, keys)
+        low = own.micro if own is not None else 0
+        del own
+        for child, _ in node.next_functions:
+            below = memo.get(child, 0) if child is not None else 0
+            if below and (not low or below < low):
+                low = below
+        memo[node] = low

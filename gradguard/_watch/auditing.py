@@ -24,17 +24,19 @@ import torch
 
 from .._errors import GraphRetentionError, GraphRetentionWarning
 from .._graph.liveness import Liveness
-from .._graph.stamps import Ledger, epochs_below, oldest_below
+from .._graph.stamps import Ledger, epochs_below, micros_below, oldest_below
 from .._heap.census import live_graph_tensors
 from .._heap.paths import Path
 from .._policy import stats as _stats
 from .._policy.modes import DETACH, OFF, RAISE, WARN, Mode, resolve
 from .._policy.site import user_frame, warn_at
 from .audit import Retention, RetentionReport, scan_lock, scan_tensors
-from .criterion import Leak, ages, judge
+from .criterion import Leak, ages, judge, store
 from .governor import Governor
 from .known import Known
-from .messages import raise_message, unrepaired_message, warn_message
+from .messages import MICRO, raise_message, unrepaired_message, warn_message
+from .micro import Backoff, Decision, count, decide, forget_empty
+from .micro import judge as judge_micro
 from .records import STORE, Records, count_repair, measure_before_repairs
 from .repair import REPAIRED, repair
 from .summary import BOUNDED
@@ -240,15 +242,16 @@ class Auditor:
             return report
         self._known.remember(leaks)
         boundaries = self._boundaries()
+        clock = "micro" if ended == MICRO else "step"
         if mode == RAISE:
             message = raise_message(leaks, ended)
-            self._records.note(leaks, "raised", boundaries)
+            self._records.note(leaks, "raised", boundaries, clock=clock)
             leaks.clear()  # the traceback keeps this frame: it must not keep the tensors
             error = GraphRetentionError(message)
             error.report = report  # type: ignore[attr-defined]
             raise error
         if mode == WARN:
-            self._records.note(leaks, "warned", boundaries)
+            self._records.note(leaks, "warned", boundaries, clock=clock)
             for leak in leaks:
                 if _stats.claim_warning(STORE, leak.finding.key, "warn"):
                     _warn(warn_message(leak, ended), frame)
@@ -263,9 +266,144 @@ class Auditor:
         done = repair([finding.paths[i] for i in leak.leaking], [finding.tensors[i] for i in leak.leaking], leak.alive)
         pinned, estimate = finding.retention.pinned_bytes, finding.retention.pinned_bytes + finding.retention.node_bytes
         count_repair(state, finding.key, done, pinned, estimate)
-        self._records.note([leak], done.outcome, boundaries, repaired=done.released, why=done.why)
+        clock = "micro" if ended == MICRO else "step"
+        self._records.note([leak], done.outcome, boundaries, repaired=done.released, why=done.why, clock=clock)
         if done.outcome != REPAIRED and _stats.claim_warning(STORE, finding.key, done.outcome):
             _warn(unrepaired_message(leak, done, ended), frame)
+
+    def micro(self, state: ThreadState, mode: Mode, hunting: bool) -> tuple[Decision, bool]:
+        """A micro-batch boundary of ``state``'s thread: its last backward returned (see
+        :mod:`gradguard._watch.micro`). The holders followed by name are read; when a graph of an earlier
+        backward is alive that they do not keep, :func:`~gradguard._watch.micro.decide` says whether to
+        search the heap for its holder. A holder that grew within the step is acted on by ``mode`` (a
+        ``raise`` comes out of the backward, its gradients computed). Returns the decision, and whether a
+        holder was acted on."""
+        n = state.micro
+        ledger = state.ledger
+        old = ledger.micro_old(n)
+        if old is None and not state.following:
+            return Decision("nothing", "no graph of an earlier backward is alive"), False
+        start = _clock()
+        backoff = state.micro_backoff
+        if backoff is None:
+            backoff = state.micro_backoff = Backoff()
+        step = state.clock.boundaries
+        leaks: list[Leak] = []
+        seen: set[int] = set()
+        state.busy = True
+        try:
+            with scan_lock:
+                if state.following:
+                    self._read_followed(state, n, step, mode, leaks, seen)
+                decision = decide(old, old in seen, backoff, n, hunting, self._affords)
+                if decision.action == "search":
+                    searched = _clock()
+                    found = self._search_micro(state, n, step, leaks)
+                    backoff.searched(n, _clock() - searched, found)
+                    with self._records.lock:
+                        self._records.counts["audits"] += 1
+                        self._records.counts["searches"] += 1
+                        self._records.counts["micro"] += 1
+                if not decision.why.startswith("declined"):
+                    ledger.micro_horizon = n - 1
+            cost = _clock() - start
+            self._governor.charge(cost)
+            if decision.action == "search":
+                with self._records.lock:
+                    self._records.spent += cost
+            if leaks:
+                self.act(state, leaks, mode, user_frame(), MICRO)
+        finally:
+            state.busy = False
+            self._records.measure_repairs(state)
+        return decision, bool(leaks)
+
+    def _affords(self, estimate: float) -> bool:
+        return self._governor.affords(estimate, _clock())
+
+    def _read_followed(
+        self, state: ThreadState, n: int, step: int, mode: Mode, leaks: list[Leak], seen: set[int]
+    ) -> None:
+        """Read the holders the micro-batch clock follows by name (no heap pass): judge the undecided ones,
+        and in ``detach`` mode repair what the leaking ones took since. ``seen`` receives the backwards
+        whose graphs they keep."""
+        following = state.following
+        for key, follow in list(following.items()):
+            if follow.recipe is None:
+                continue
+            pairs = follow.recipe.resolve(newer=follow.leaking)
+            tensors = [t for t, _ in pairs]
+            micros = micros_below([t.grad_fn for t in tensors], state.ledger)
+            seen.update(micros.values())
+            if follow.leaking:
+                if mode == DETACH and tensors:
+                    self._refill_micro(state, key, pairs, micros, n)
+                elif not tensors and follow.step != step:
+                    del following[key]  # emptied and a step went by: no longer kept
+                del pairs, tensors
+                continue
+            known = {id(t): path for t, path in pairs}
+            del pairs
+            if not tensors:
+                forget_empty(key, following, step)
+                continue
+            liveness = Liveness({t.grad_fn for t in tensors})
+            findings, _ = scan_tensors(tensors, self._ignore, set(), liveness, known)
+            del tensors, known
+            for finding in findings:
+                if finding.key != key:
+                    continue
+                counted = count(finding, micros, n, liveness, state.ledger)
+                if judge_micro(finding, counted, following, step, by_name=True):
+                    leaks.append(_micro_leak(finding, counted.dead, micros, n))
+            del findings, liveness
+
+    def _refill_micro(
+        self, state: ThreadState, key: str, pairs: list[tuple[torch.Tensor, Path]], micros: dict[Any, int], n: int
+    ) -> None:
+        """``detach``: the dead graphs a leaking holder took since, which an earlier backward ran through,
+        repaired (the holder was judged a leak; detaching a dead graph cannot change a gradient)."""
+        kept = [(t, path) for t, path in pairs if 0 < micros.get(t.grad_fn, 0) < n]
+        if not kept:
+            return
+        tensors = [t for t, _ in kept]
+        liveness = Liveness({t.grad_fn for t in tensors})
+        alive = [liveness.state(t.grad_fn).alive for t in tensors]
+        del liveness
+        if all(alive):
+            return
+        measure_before_repairs(state)
+        done = repair([path for _, path in kept], tensors, alive)
+        del kept, tensors
+        pinned, each = self._records.refilled(key, done.released)
+        count_repair(state, key, done, pinned, each * done.released)
+
+    def _search_micro(self, state: ThreadState, n: int, step: int, leaks: list[Leak]) -> bool:
+        """Search the heap for the holders of the graphs earlier backwards ran through; judge each store
+        not followed yet. Returns whether one is followed now."""
+        views: list[Any] = []
+        tensors = live_graph_tensors(set(), None, False, views)
+        model = set(views)
+        del views
+        micros = micros_below([t.grad_fn for t in tensors], state.ledger, stop=model)
+        if not any(0 < micros.get(t.grad_fn, 0) < n for t in tensors):
+            return False
+        liveness = Liveness({t.grad_fn for t in tensors})
+        findings, _ = scan_tensors(tensors, self._ignore, set(), liveness)
+        del tensors, model
+        following = state.following
+        before = len(following)
+        for finding in findings:
+            if not store(finding):
+                continue
+            follow = following.get(finding.key)
+            if follow is not None and follow.recipe is not None:
+                continue  # read by name at this boundary already
+            counted = count(finding, micros, n, liveness, state.ledger)
+            if judge_micro(finding, counted, following, step, by_name=False):
+                leaks.append(_micro_leak(finding, counted.dead, micros, n))
+        del findings, liveness
+        return len(following) > before or bool(leaks)
 
     def mark(self) -> Ledger:
         """Stamp every graph alive now: :meth:`outlived`'s starting point.
@@ -312,6 +450,13 @@ class Auditor:
             with self._records.lock:
                 self._records.spent += cost
                 self._records.counts["audits"] += 1
+
+
+def _micro_leak(finding: Any, dead: list[int], micros: dict[Any, int], n: int) -> Leak:
+    """A holder that grew within a step, as the actions take it: its dead backwarded graphs, and how many
+    micro-batch boundaries the oldest has lived through."""
+    oldest = min(micros[finding.tensors[i].grad_fn] for i in dead)
+    return Leak(finding, dead, n - oldest, [False] * len(dead))
 
 
 def _survived(state: ThreadState, sources: tuple[Hashable, ...]) -> Callable[[int], int]:

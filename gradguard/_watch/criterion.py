@@ -5,10 +5,10 @@ in it, or, when a later backward started from its root again, that backward's (i
 has *survived* the boundaries of the judging optimizer made since then. A holder **leaks** when one
 of its graphs survived two of them, or when it is a sequence (or a dict keyed by step) that holds
 graphs of different steps, one of which survived a boundary: both grow. A holder whose one
-graph survived exactly one boundary (``self.last_loss = loss`` after ``optimizer.step()``) is
-**bounded**: listed with what it pins, never acted on. The rule does not depend on where the
-assignment sits; plain variables are not listed as bounded (``loss = train_step(batch)`` keeps the
-previous step's loss while the next one runs). Which optimizers' boundaries count, other threads'
+graph survived exactly one boundary (``self.last_loss = loss`` after ``optimizer.step()``), or that is
+bounded by construction (a ``deque(maxlen=...)``), is **bounded**: listed with what it pins, never acted
+on. The rule does not depend on where the assignment sits; plain variables are not listed as bounded
+(``loss = train_step(batch)`` keeps the previous step's loss while the next one runs). Which optimizers' boundaries count, other threads'
 frames, and graphs old only through another holder: ``docs/guide/finding-leaks.md``.
 """
 
@@ -29,7 +29,7 @@ from .._graph.stamps import Ledger, epochs_below
 from .._heap.paths import Path
 from .audit import Finding
 
-__all__ = ["Age", "Clock", "Leak", "Verdicts", "ages", "judge", "variable"]
+__all__ = ["Age", "Clock", "Leak", "Verdicts", "ages", "capped", "judge", "store", "variable"]
 
 _KEPT = 4096  # boundaries remembered per optimizer: enough to count a graph's survival up to there
 
@@ -210,7 +210,9 @@ def judge(
             single.append(not age.mixed)
         if not kept:
             continue
-        if max(lives) >= 2 or (len(epochs) > 1 and _grows(finding)):
+        if capped(finding):
+            verdicts.bounded.append(Leak(finding, kept, max(lives), alive))
+        elif max(lives) >= 2 or (len(epochs) > 1 and _grows(finding)):
             if watched is not None:
                 # A graph that can still be backwarded is judged once it was followed through a whole step
                 # for a backward using it (it is young again then); until then it is pending.
@@ -229,3 +231,20 @@ def judge(
 def _grows(finding: Finding) -> bool:
     """Whether the holder keeps one record per step: a sequence, or a dict keyed by step (``[*]``)."""
     return "[*]" in finding.key or "*'" in finding.key
+
+
+def capped(finding: Finding) -> bool:
+    """Whether the holder is bounded by construction: a ``deque`` with a ``maxlen`` on the way to its tensors
+    (it keeps the last few records, never more, on either clock)."""
+    for path in finding.paths:
+        for edge in path:
+            owner = edge.owner
+            if type(owner) is collections.deque and owner.maxlen is not None:
+                return True
+    return False
+
+
+def store(finding: Finding) -> bool:
+    """Whether the holder can keep one record per boundary and grow: a sequence or a dict keyed by step
+    (``[*]``), not bounded by construction."""
+    return _grows(finding) and not capped(finding)

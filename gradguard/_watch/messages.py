@@ -9,7 +9,10 @@ from .audit import Retention
 from .criterion import Leak
 from .repair import LIVE, PARTLY, Repair
 
-__all__ = ["named", "raise_message", "unrepaired_message", "warn_message"]
+__all__ = ["MICRO", "named", "raise_message", "unrepaired_message", "warn_message"]
+
+MICRO = " across the micro-batches of one step"
+"""What a leak found at a micro-batch boundary is kept across, for the messages (as ``ended``)."""
 
 
 def named(r: Retention) -> str:
@@ -37,6 +40,9 @@ def _figures(r: Retention, survived: int, ended: str = "") -> str:
         f"{plural(r.tensors, 'tensor')}, {human(r.pinned_bytes)} of tensors and {nodes_text(r.nodes, r.node_bytes)} "
         "graph nodes pinned"
     )
+    if ended == MICRO:
+        each = (r.pinned_bytes + r.node_bytes) // max(1, r.tensors)
+        return f"{pinned}, one more at each micro-batch (~{human(each)} each)"
     return pinned if ended else f"{pinned}, alive for {plural(survived, 'step boundary')}"
 
 
@@ -98,7 +104,13 @@ def raise_message(leaks: Sequence[Leak], ended: str = "") -> str:
     """
     total = sum(leak.finding.retention.pinned_bytes for leak in leaks)
     nodes = sum(leak.finding.retention.node_bytes for leak in leaks)
-    completed = "" if ended else "; the optimizer step itself completed"
+    completed = (
+        "; the backward itself completed"
+        if ended == MICRO
+        else ""
+        if ended
+        else "; the optimizer step itself completed"
+    )
     lines = [
         f"gradguard: {plural(len(leaks), 'holder')} {'keeps' if len(leaks) == 1 else 'keep'} autograd graphs"
         f"{_across(ended)} ({human(total)} of tensors and ~{human(nodes)} of graph nodes pinned){completed}:"

@@ -36,7 +36,7 @@ class Records:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.history: dict[str, HolderHistory] = {}
-        self.counts = {"audits": 0, "memory": 0, "searches": 0}
+        self.counts = {"audits": 0, "memory": 0, "searches": 0, "micro": 0}
         self.spent = 0.0
 
     def keys(self) -> set[str]:
@@ -53,10 +53,18 @@ class Records:
         with self.lock:
             return {k for k, e in self.history.items() if e.outcome in (REPAIRED, PARTLY)}
 
-    def note(self, leaks: Iterable[Leak], outcome: str, boundaries: int, repaired: int = 0, why: str = "") -> None:
+    def note(
+        self,
+        leaks: Iterable[Leak],
+        outcome: str,
+        boundaries: int,
+        repaired: int = 0,
+        why: str = "",
+        clock: str = "step",
+    ) -> None:
         """The holders of ``leaks`` were read at watch boundary ``boundaries`` and acted on by ``outcome``:
         their rows take this read's figures (a leak found before stays a leak at a read that saw one step
-        of it)."""
+        of it). ``clock``: ``"micro"`` for a leak found growing within a step."""
         with self.lock:
             for leak in leaks:
                 r = leak.finding.retention
@@ -70,7 +78,10 @@ class Records:
                     entry.found_at = boundaries  # listed as bounded until now: found leaking here
                 entry.path, entry.fix, entry.tensors, entry.pinned_bytes = named(r), r.fix, r.tensors, r.pinned_bytes
                 entry.nodes, entry.node_bytes, entry.alive = r.nodes, r.node_bytes, any(leak.alive)
-                entry.survived = max(entry.survived, leak.survived)
+                if clock == "micro" and entry.clock == "step" and entry.audits == 0:
+                    entry.clock = "micro"
+                if clock == entry.clock:
+                    entry.survived = max(entry.survived, leak.survived)
                 entry.audits += 1
                 entry.repaired += repaired
                 entry.outcome, entry.why = outcome, why

@@ -49,6 +49,8 @@ class HolderHistory:
             holder, keeping a graph for one boundary.
         released_bytes: Memory the repairs measurably gave back (the memory figure before and after a
             repair; 0 where nothing was measured: then ``pinned_bytes`` is the estimate).
+        clock: ``"step"`` when it was found keeping graphs across optimizer steps, ``"micro"`` when found
+            growing across the micro-batches of one step (``survived`` then counts micro-batch boundaries).
     """
 
     holder: str
@@ -66,6 +68,7 @@ class HolderHistory:
     why: str = ""
     found_at: int = 0
     released_bytes: int = 0
+    clock: str = "step"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +96,9 @@ class WatchFigures:
         since_audit: Step boundaries between the last audit and the end (the most of any thread): a
             graph no signal sees (kept below a backward's nearest nodes, saving no parameter) is found
             only by an audit.
+        backwards: Micro-batch boundaries: backwards that returned in a thread whose boundaries the watch
+            keeps (a thread that steps, or runs backwards alone).
+        micro_searches: Heap searches the micro-batch clock asked for.
     """
 
     boundaries: int
@@ -110,6 +116,8 @@ class WatchFigures:
     collecting: int = 0
     garbage: int = 0
     since_audit: int = 0
+    backwards: int = 0
+    micro_searches: int = 0
 
     def __add__(self, other: WatchFigures) -> WatchFigures:
         """Both watches' figures added up (the programs one process ran, the processes of a run); the memory
@@ -182,6 +190,12 @@ class _Row:
     def total(self, field: str) -> int:
         return sum(getattr(h, field) for _, h in self.found)
 
+    def survived(self) -> str:
+        """The steps its graphs survived; for a holder found growing within a step, that and the micro-batches."""
+        micro = [h.survived for _, h in self.found if h.clock == "micro"]
+        steps = max((h.survived for _, h in self.found if h.clock != "micro"), default=0)
+        return f"{steps} ({max(micro)} micro-batches)" if micro else str(steps)
+
     def outcome(self) -> str:
         text = ", ".join(sorted({h.outcome for _, h in self.found}))
         released = self.total("released_bytes")
@@ -221,13 +235,15 @@ def summarize(
     several = len(watches) > 1 or any(w.name for w in watches)
     f = functools.reduce(operator.add, [w.figures for w in watches])
     where = f" in {plural(len(watches), 'process')}" if several else ""
-    if not f.boundaries:
-        return f"{title}: no optimizer step was seen{where}: {nothing}"
+    if not f.boundaries and not f.backwards:
+        return f"{title}: no optimizer step and no backward was seen{where}: {nothing}"
     where = f",{where}" if where else ""
     since = "their time since the first" if len(watches) > 1 else "the time since the first"
     share = f" ({100 * f.seconds / f.elapsed:.2f}% of {since})" if f.elapsed > 0 and f.seconds and f.audits else ""
     asked = f", {f.memory_audits} of them for memory growth" if f.memory_audits else ""
-    head = f"{title}: {plural(f.boundaries, 'step boundary')}, {f.audits} audited{asked}{where}{share}"
+    steps = plural(f.boundaries, "step boundary") if f.boundaries else "no optimizer step"
+    micro = f" and {plural(f.backwards, 'micro-batch boundary')} (backwards)" if f.backwards else ""
+    head = f"{title}: {steps}{micro}, {f.audits} audited{asked}{where}{share}"
     memory = _memory(watches)
     if not f.audits:
         return f"{head}: no audit ran, {nothing}{_clause(memory)}"
@@ -258,8 +274,13 @@ def summarize(
     nodes = sum(row.total("node_bytes") for row in leaks)
     found_in = {i for row in leaks for i, _ in row.found}
     in_processes = f" in {plural(len(found_in), 'process')}" if several else ""
+    clocks = {h.clock for row in leaks for _, h in row.found}
+    across = {
+        frozenset({"step"}): "across step boundaries",
+        frozenset({"micro"}): "across the micro-batches of a step",
+    }.get(frozenset(clocks), "across micro-batches and step boundaries")
     verdict = (
-        f"{head}; {plural(len(leaks), 'holder')} kept autograd graphs across step boundaries{in_processes} "
+        f"{head}; {plural(len(leaks), 'holder')} kept autograd graphs {across}{in_processes} "
         f"({human(total)} of tensors and ~{human(nodes)} of graph nodes pinned at their last audit){tail}:"
     )
     return f"{verdict}\n{_table_of(leaks, watches, several, who)}"
@@ -272,7 +293,7 @@ def _table_of(
         header: tuple[str, ...] = ("holder", "tensors", "pinned", "nodes", "steps survived", "outcome", "fix")
         body: list[tuple[str, ...]] = [
             (row.name, str(row.most("tensors")), human(row.total("pinned_bytes")), _nodes(row),
-             str(row.most("survived")), row.outcome(), display(row.found[0][1].fix))
+             row.survived(), row.outcome(), display(row.found[0][1].fix))
             for row in rows
         ]  # fmt: skip
         return _table.text(header, body)
@@ -286,7 +307,7 @@ def _table_of(
               "fix")  # fmt: skip
     body = [
         (row.name, who([i for i, _ in row.found]), str(row.most("tensors")), human(row.most("pinned_bytes")),
-         human(row.total("pinned_bytes")), _nodes(row), str(row.most("survived")), row.outcome(),
+         human(row.total("pinned_bytes")), _nodes(row), row.survived(), row.outcome(),
          display(row.found[0][1].fix))
         for row in rows
     ]  # fmt: skip

@@ -13,6 +13,7 @@ so a graph in use is never a leak.
 from __future__ import annotations
 
 import collections
+import threading
 import time
 import weakref
 from collections.abc import Hashable, Sequence
@@ -78,8 +79,13 @@ class ThreadState:
         "deep",
         "entry",
         "first",
+        "following",
         "held",
         "ledger",
+        "micro",
+        "micro_at_step",
+        "micro_backoff",
+        "owner",
         "partners",
         "promotions",
         "refilling",
@@ -110,6 +116,11 @@ class ThreadState:
         self.entry = 0  # the watch's entries this thread's schedule has seen
         self.repairing: tuple[int, dict[str, int]] | None = None  # memory in use before repairs, their estimates
         self.refilling = False  # the last read of the holders repaired before repaired something
+        self.micro = 0  # backwards stamped into this ledger (not nested): the micro-batch clock
+        self.micro_at_step = 0  # that count at the last step boundary
+        self.following: dict[str, Any] = {}  # holders the micro-batch clock reads by name (see micro.py)
+        self.micro_backoff: Any = None  # the micro-batch clock's requests (see micro.py)
+        self.owner = threading.get_ident()  # the thread whose boundaries these are
 
 
 class _Rate:
@@ -129,17 +140,26 @@ class _Rate:
 
 
 def stamp_backward(
-    state: ThreadState, roots: Sequence[Any], governor: Governor, *, whole_graph: bool, start: float | None = None
+    state: ThreadState,
+    roots: Sequence[Any],
+    governor: Governor,
+    *,
+    whole_graph: bool,
+    start: float | None = None,
+    nested: bool = False,
 ) -> None:
-    """At the start of a backward from ``roots`` (its root tensors, edges or nodes): every root is stamped
-    (one stamped before moves to now: its graph is in use again), charged to ``governor.stamping`` from
-    ``start`` (the caller's clock reading when the backward reached it; now by default); when due (see
-    :data:`DEEP_SHARE`), the nodes nearest below the new ones too (the whole graph when ``whole_graph``:
-    with ``every=N``), charged to ``governor.below``."""
+    """At the start of a backward from ``roots`` (its root tensors, edges or nodes): a micro-batch boundary
+    unless ``nested`` (started inside another backward of the thread), stamped with a stamp of its own;
+    every root is stamped (one stamped before moves to now: its graph is in use again), charged to
+    ``governor.stamping`` from ``start`` (the caller's clock reading when the backward reached it; now by
+    default); when due (see :data:`DEEP_SHARE`), the nodes nearest below the new ones too (the whole graph
+    when ``whole_graph``: with ``every=N``), charged to ``governor.below``."""
     if start is None:
         start = _clock()
     epoch = state.clock.boundaries
-    new = state.ledger.stamp_roots(roots, epoch)
+    if not nested:
+        state.micro += 1
+    new = state.ledger.stamp_roots(roots, epoch, 0 if nested else state.micro)
     state.backwards += 1
     now = _clock()
     governor.stamping += now - start
@@ -201,6 +221,6 @@ def _stamp_below(roots: Sequence[Any], ledger: Ledger, epoch: int, most: int | N
             below = [grand for grand, _ in child.next_functions if grand is not None]
             if below and all(node_key(grand) is None for grand in below):
                 continue  # a node on parameters alone (a tied weight's view): the model, made once
-            ledger.place(child, epoch)
+            ledger.place(child, epoch, current=True)
             placed += 1
             queue.append(child)

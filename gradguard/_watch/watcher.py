@@ -121,7 +121,7 @@ class Watcher:
         if handle is not None:
             handle.remove()
 
-    def _on_backward(self, roots: Sequence[Any]) -> None:
+    def _on_backward(self, roots: Sequence[Any], nested: bool) -> backwards.After | None:
         start = _clock()  # finding the thread's state is the watch's work too
         try:
             state: ThreadState = self._local.state
@@ -130,7 +130,37 @@ class Watcher:
         else:
             if not state.clock.boundaries and self._primary is not None:
                 state = self._primary  # a thread that never stepped feeds the optimizer of one that does
-        stamp_backward(state, roots, self._governor, whole_graph=self.every != "auto", start=start)
+        stamp_backward(state, roots, self._governor, whole_graph=self.every != "auto", start=start, nested=nested)
+        if nested or state.owner != threading.get_ident():
+            return None  # a backward in a worker thread is aged by the boundaries of the thread that steps
+        return lambda: self._micro_boundary(state)
+
+    def _micro_boundary(self, state: ThreadState) -> None:
+        """A micro-batch boundary: a backward of the thread of ``state`` returned (see
+        :mod:`gradguard._watch.micro`). In ``raise`` mode a leak raises here, out of the backward."""
+        start = _clock()
+        if state.busy or self._backwards is None:
+            return
+        mode = self.mode or resolve(None)
+        if mode == OFF:
+            self._governor.signals += _clock() - start
+            return
+        if state.ledger.micro_old(state.micro) is None and not state.following:
+            self._governor.signals += _clock() - start  # the common boundary: no graph of an earlier backward
+            return
+        self._governor.start(start)  # the watch's share counts from its first boundary of either clock
+        raised: BaseException | None = None
+        acted = False
+        try:
+            decision, acted = self._auditor.micro(state, mode, self.every != "auto")
+            acted = acted or decision.action == "search"
+        except BaseException as error:
+            raised = error
+            raise
+        finally:
+            if acted or raised is not None:
+                for listener in list(self._listeners):
+                    listener(self, raised)
 
     # ---------------------------------------------------------------------------------------------
     # Boundaries
@@ -484,6 +514,8 @@ class Watcher:
             collecting=sum(s.collector.waited for s in states),
             garbage=sum(s.collector.freed for s in states),
             since_audit=last,
+            backwards=sum(s.micro for s in states),
+            micro_searches=self._records.counts["micro"],
         )
 
     def summary(self) -> str:
@@ -511,9 +543,8 @@ def _weak_listener(watcher: Watcher) -> backwards.Listener:
     """A backward listener that does not keep ``watcher`` alive."""
     ref = weakref.ref(watcher)
 
-    def listener(roots: Sequence[Any]) -> None:
+    def listener(roots: Sequence[Any], nested: bool) -> backwards.After | None:
         target = ref()
-        if target is not None:
-            target._on_backward(roots)
+        return None if target is None else target._on_backward(roots, nested)
 
     return listener
