@@ -241,5 +241,9 @@ def svg(made: Sequence[Curve], width: int = 960, height: int = 380) -> str:
                          f'<path d="{shapes[m.kind]}" fill="{fills[m.kind]}" stroke="#000" stroke-width="0.6"/>'
                          f"<title>{escape(c.label)}: {m.kind} of {escape(m.holder)} at step {m.x:.2f}"
                          f"{': ' + escape(m.text) if m.text else ''}</title></g>")  # fmt: skip
+    if not drawn:
+        middle = (top + height - bottom) / 2
+        parts.append(f'<text id="no-curve" x="{(left + width - right) / 2}" y="{middle}" text-anchor="middle" '
+                     'font-size="14" fill="#777">no memory timeline in these reports</text>')  # fmt: skip
     parts.append("</svg>")
     return "\n".join(parts)
