@@ -75,3 +75,19 @@ def test_a_damaged_timeline_names_the_file_left_out_and_the_rest_is_shown(
     assert commands.report(str(tmp_path), None) == 1
     out = capsys.readouterr().out
     assert "(3 processes not covered: above)" in out and "pid 101  3           3" in out
+
+
+def test_a_twenty_thousand_step_runs_report_stays_under_a_megabyte(tmp_path: Path) -> None:
+    timeline = Timeline()
+    for step in range(20_000):
+        for micro in range(8):
+            timeline.point(
+                "micro", step, 8 * step + micro, 40 * 2**30 + 4096 * step + micro * 2**20, 90_000, step * 0.5
+            )
+        timeline.point("step", step + 1, 8 * step + 8, 40 * 2**30 + 4096 * step, 90_000, step * 0.5 + 0.4)
+        if step % 50 == 0:
+            timeline.event("audit", "", step, 8 * step, step * 0.5)
+    path = _write(tmp_path, {**process(boundaries=20_000, audits=400), "timeline": timeline.to_dict()})
+    assert path.stat().st_size <= 1_000_000, path.stat().st_size
+    (report,) = _read.read_run(str(tmp_path), "r1").reports
+    assert report.timeline is not None and len(report.timeline["clocks"]["micro"]["step"]) <= 4096

@@ -107,3 +107,27 @@ def test_gradguard_run_writes_the_page_when_the_command_ends_and_says_where(tmp_
     same = (tmp_path / "again.html").read_text()
     strip = lambda t: re.sub(r"page made [0-9: -]+", "", t)  # noqa: E731
     assert strip(same) == strip(text)
+
+
+def test_sixty_four_ranks_make_one_page_with_a_curve_each(tmp_path: Path) -> None:
+    from _reports import holder, process
+
+    from gradguard._launch import _names, _report
+    from gradguard._watch.timeline import Timeline
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for r in range(64):
+        timeline = Timeline()
+        for i in range(2000):
+            timeline.point("micro", i // 4, i, 2**30 + (i * 4096 if r == 6 else (i % 4) * 1024), 10, i * 0.01)
+        holders = [holder(8, outcome="warned", path="__main__:kept[*]")] if r == 6 else []
+        report = {**process(pid=300 + r, rank=r, world_size=64, rank_from="RANK", label=f"rank {r}/64",
+                            boundaries=500, audits=5, holders=holders), "timeline": timeline.to_dict()}  # fmt: skip
+        _report.write(str(folder / _names.file_name("r1", "node-1", 300 + r)), report)
+    assert commands.report(str(folder), None, html=str(tmp_path / "page.html")) == 0
+    text = (tmp_path / "page.html").read_text()
+    curves = re.findall(r'<polyline class="curve" data-process="([^"]+)"', text)
+    assert len(curves) == 64 and curves[0] == "rank 6/64"
+    assert len(re.findall(r'<tr class="process grows"', text)) == 1
+    assert len(text) < 5_000_000
