@@ -23,7 +23,9 @@ import atexit
 import os
 import sys
 import threading
+import time
 from collections.abc import Mapping
+from typing import Any
 
 from .._errors import GradGuardError
 from .._policy.modes import get_mode
@@ -43,6 +45,7 @@ from ._settings import Settings
 __all__ = ["setup", "retire"]
 
 _lock = threading.Lock()
+_TIMELINE_EVERY = 10.0  # seconds between two makings of the report's timeline
 _current: _Process | None = None
 
 
@@ -83,6 +86,7 @@ class _Process:
         self.last: tuple[WatchFigures | None, list[HolderHistory], dict[tuple[str, str], SiteStats]] = (None, [], {})
         self.started = started()
         self.path = os.path.join(settings.report_dir, file_name(settings.run, HOST, os.getpid()))
+        self.timeline: tuple[float, dict[str, Any]] | None = None  # when the report's timeline was made, and it
 
     def start(self) -> None:
         skip_in_dynamo()  # as `import gradguard` does once the program uses it: compiled code calls gradguard eagerly
@@ -152,12 +156,23 @@ class _Process:
                 base=self.base,
                 at_exit=self.at_exit,
                 error="; ".join(self.errors) or None,
-                timeline=getattr(watcher, "timeline", None),
+                timeline=self._timeline(watcher),
             )
             try:
                 write(self.path, report)
             except OSError as exc:
                 self._say(f"gradguard: cannot write this process's report {self.path!r}: {exc}")
+
+    def _timeline(self, watcher: Watcher | None) -> dict[str, Any] | None:
+        """The watcher's timeline for the report, made again at most every ``_TIMELINE_EVERY`` seconds
+        (and at exit): a full one takes milliseconds to make and to write, and audits may come often."""
+        timeline = getattr(watcher, "timeline", None)
+        if timeline is None:
+            return None
+        now = time.monotonic()
+        if self.at_exit or self.timeline is None or now - self.timeline[0] >= _TIMELINE_EVERY:
+            self.timeline = (now, timeline.to_dict())
+        return self.timeline[1]
 
     def _say(self, line: str) -> None:
         if line not in self.said:

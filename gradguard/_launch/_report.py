@@ -334,7 +334,7 @@ def content(
         base: What a fork child inherited (the child counts from there); ``Baseline()`` otherwise.
         at_exit: Whether its exit handler writes it.
         error: Why it is not (fully) checked, or ``None``.
-        timeline: Its watcher's timeline (anything with ``to_dict()``), or ``None``.
+        timeline: Its watcher's timeline (anything with ``to_dict()``, or that object already made), or ``None``.
 
     Returns:
         The record, for :func:`to_json`.
@@ -361,7 +361,7 @@ def content(
         holders=_holders(holders, base),
         stats=_stats(stats, base),
         at_exit=at_exit,
-        timeline=None if timeline is None else timeline.to_dict(),
+        timeline=timeline if timeline is None or isinstance(timeline, dict) else timeline.to_dict(),
         platform=_platform(),
     )
 
@@ -421,6 +421,9 @@ def nested_record(
     )  # fmt: skip
 
 
+_dumped: tuple[object, str] | None = None  # the last timeline written, and its text
+
+
 def write(path: str, report: Record | Mapping[str, Any]) -> None:
     """Write a report file in one step: a reader sees the old file or the new one.
 
@@ -431,11 +434,18 @@ def write(path: str, report: Record | Mapping[str, Any]) -> None:
     Raises:
         OSError: the file cannot be written (the old one, if any, is left as it was).
     """
+    global _dumped
+    timeline: object = None
+    if isinstance(report, ProcessReport) and report.timeline is not None:
+        timeline = report.timeline  # not copied by asdict: written as it is
+        report = dataclasses.replace(report, timeline=None)
     document = dict(to_json(report) if dataclasses.is_dataclass(report) else report)
-    timeline = document.pop("timeline", None)
+    timeline = document.pop("timeline", None) if timeline is None else timeline
     text = json.dumps(document, indent=1, default=str)
-    if timeline is not None:  # thousands of numbers: one line, not one line each
-        text = f'{text[:-2]},\n "timeline": {json.dumps(timeline, separators=(",", ":"), default=str)}\n}}'
+    if timeline is not None:  # thousands of numbers: one line, not one line each; the same object dumped once
+        if _dumped is None or _dumped[0] is not timeline:
+            _dumped = (timeline, json.dumps(timeline, separators=(",", ":"), default=str))
+        text = f'{text[:-2]},\n "timeline": {_dumped[1]}\n}}'
     temporary = f"{path}.{os.getpid()}.tmp"
     with open(temporary, "w", encoding="utf-8") as f:
         f.write(text)
