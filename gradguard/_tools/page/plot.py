@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -53,6 +54,7 @@ class Curve:
         growth: The curve's growth over the run by that slope (bytes).
         flagged: Whether this process grows (a leak found in it, or a clear slope).
         markers: Its holders' events.
+        why: Why it is flagged: ``"leak found"``, ``"grows"``, or ``""``.
     """
 
     label: str
@@ -61,6 +63,7 @@ class Curve:
     growth: float
     flagged: bool
     markers: list[Marker]
+    why: str = ""
 
 
 def _steps_at(step_buckets: Sequence[Sequence[Any]]) -> tuple[list[float], list[float]]:
@@ -138,8 +141,9 @@ def curves(processes: Sequence[tuple[str, Mapping[str, Any] | None, Sequence[Any
         growth = slope * span
         lowest = min((p[1] for p in points), default=0)
         leaking = any(h.outcome != "bounded" for h in holders)
-        flagged = leaking or (growth > 0.05 * max(lowest, 1) and growth > 1 << 20)
-        made.append(Curve(label, points, slope, growth, flagged, markers))
+        grows = growth > 0.05 * max(lowest, 1) and growth > 1 << 20
+        why = "leak found" if leaking else "grows" if grows else ""
+        made.append(Curve(label, points, slope, growth, bool(why), markers, why))
     return sorted(made, key=lambda c: (not c.flagged, -c.slope, c.label))
 
 
@@ -152,10 +156,10 @@ def _ticks(low: float, high: float, count: int = 6) -> list[float]:
     if high <= low:
         return [low]
     raw = (high - low) / count
-    magnitude = 10 ** len(str(int(raw))) / 10 if raw >= 1 else 1
+    magnitude = 10 ** math.floor(math.log10(raw))
     step = next((m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw), raw)
-    first = (low // step) * step
-    return [first + i * step for i in range(count + 2) if low <= first + i * step <= high]
+    first = math.ceil(low / step) * step
+    return [first + i * step for i in range(count + 2) if first + i * step <= high]
 
 
 def _bytes(n: float) -> str:
@@ -202,7 +206,8 @@ def svg(made: Sequence[Curve], width: int = 960, height: int = 380) -> str:
     parts = [f'<svg id="timeline" viewBox="0 0 {width} {height}" '
              f'width="{width}" height="{height}" role="img" aria-label="memory per process over the steps">',
              f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>']  # fmt: skip
-    for t in _ticks(y0, y1):
+    unit = next((u for u in (2**40, 2**30, 2**20, 2**10) if max(abs(y0), abs(y1)) >= 4 * u), 1)
+    for t in (v * unit for v in _ticks(y0 / unit, y1 / unit)):
         parts.append(f'<line class="grid" x1="{left}" x2="{width - right}" y1="{py(t):.1f}" y2="{py(t):.1f}" '
                      f'stroke="#e5e5e5"/><text x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end" '
                      f'font-size="11">{_bytes(t)}</text>')  # fmt: skip

@@ -93,6 +93,7 @@ def _context(processes: Sequence[Process], problems: Sequence[str], summary: str
                 "growth": human(int(abs(c.growth))),
                 "falling": c.growth < 0,
                 "flagged": c.flagged,
+                "why": c.why,
                 "points": len(c.points),
                 "markers": len(c.markers),
             }
@@ -167,7 +168,7 @@ def png_plot(path: str, processes: Sequence[Process]) -> None:
         xs = [x for x, _, _ in c.points for _ in (0, 1)]
         ys = [y for _, low, high in c.points for y in (low, high)]
         axes.plot(xs, [y / 2**20 for y in ys], color=colour(i), linewidth=2.0 if c.flagged else 1.2,
-                  label=c.label + (" (grows)" if c.flagged else ""))  # fmt: skip
+                  label=c.label + (f" ({c.why})" if c.why else ""))  # fmt: skip
         for m in c.markers:
             marker, fill = styles[m.kind]
             y = (m.memory if m.memory is not None else min(ys)) / 2**20
