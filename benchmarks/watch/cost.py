@@ -160,7 +160,8 @@ def floor(device: torch.device, steps: int) -> dict[str, float]:
     that token once a step (an object referenced weakly, in an epoch-ordered deque). ``signals_us``:
     the boundary's barest signals: torch's node counter, 4 parameters' ``Tensor._use_count()`` and one
     weak reference's dereference. Microseconds per step, each (the timer's own read included, as in the
-    watch's account)."""
+    watch's account). ``timeline_us``: one point of the watch's timeline (its folding amortized), the
+    cost the series adds per boundary of each clock, beside the watch's own figures."""
     run = Fast(device)
     key = object()
     ref = weakref.ref(run.model)
@@ -194,6 +195,7 @@ def floor(device: torch.device, steps: int) -> dict[str, float]:
     search_ms, objects = _search_floor(run)
     run.close()
     return {
+        "timeline_us": _timeline_floor(),
         "stamp_us": 1e6 * stamp / steps,
         "token_us": 1e6 * made / steps,
         "signals_us": 1e6 * signals / steps,
@@ -201,6 +203,18 @@ def floor(device: torch.device, steps: int) -> dict[str, float]:
         "search_ms": search_ms,
         "objects": objects,
     }
+
+
+def _timeline_floor(points: int = 200_000) -> float:
+    """Microseconds per :meth:`Timeline.point` over ``points`` boundaries, the folding included."""
+    from gradguard._watch.timeline import Timeline
+
+    timeline = Timeline()
+    point = timeline.point
+    start = time.perf_counter()
+    for i in range(points):
+        point("micro", i >> 2, i, 1 << 30, 1000, 0.001 * i)
+    return 1e6 * (time.perf_counter() - start) / points
 
 
 def _search_floor(run: Fast) -> tuple[float, int]:

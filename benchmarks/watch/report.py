@@ -274,6 +274,12 @@ def floor_text(figures: dict[str, float]) -> str:
         f"barest signals (torch's node counter, 4 parameters' use counts, one weak reference) "
         f"{figures['signals_us']:.2f} us."
         + (
+            f" One point of the watch's timeline (a boundary of either clock, its folding amortized): "
+            f"{figures['timeline_us']:.2f} us."
+            if "timeline_us" in figures
+            else ""
+        )
+        + (
             f" One search of the heap for a holder ({figures['objects']} objects tracked by the collector: one pass "
             f"keeping the tensors, one gc.get_referrers pass), at least: {figures['search_ms']:.1f} ms."
             if "search_ms" in figures
