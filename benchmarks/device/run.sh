@@ -10,6 +10,9 @@
 #   4. gradguard bench --device cuda --preset seed-pp4    (45.4 MiB per micro-batch x 1024; a run
 #      whose allocated memory passes 85% of the device stops there: the bench's memory cap)
 #   5. gradguard bench --device cuda --preset seed-pp4 --scenario megatron-gpt --micro-batches 64
+#   5b. gradguard bench --device cuda --preset seed-pp4 --scenario no-adapter --micro-batches 256 (the seed's
+#      engine with no adapter, only the watch: unwatched, then watched in detach, raise and warn mode; the
+#      micro-batch it is reported at and CUDA's allocated bytes per micro-batch after the report)
 #   6. gradguard bench --device cuda --late-leak (a leak that starts late: the step the watch reports
 #      it at, memory after repair, the watch's share of a clean run, CUDA's memory figure)
 #      (the real schedule around a GPTModel at the seed-pp4 preset's activation size: >= 2.8 GiB unguarded)
@@ -155,6 +158,8 @@ main() {
     step bench-seed-pp4 180 "${bench[@]}" --device cuda --preset seed-pp4 --json "$work/seed-pp4.json"
     step bench-megatron-gpt 150 "${bench[@]}" --device cuda --preset seed-pp4 --scenario megatron-gpt \
       --micro-batches 64 --json "$work/megatron-gpt.json"
+    step bench-no-adapter 150 "${bench[@]}" --device cuda --preset seed-pp4 --scenario no-adapter \
+      --micro-batches 256 --json "$work/no-adapter.json"
     step bench-late-leak 120 "${bench[@]}" --device cuda --late-leak --scenario pp-last-stage \
       --scenario lora-checkpoint --leak-start 300 --steps 600 --clean-steps 1000 --json "$work/late-leak.json"
     step bench-watch 150 "${watch[@]}" --device cuda --scenario pp-last-stage --scenario lora-checkpoint \
@@ -168,6 +173,8 @@ main() {
       --memory-cap 4 --json "$work/seed-pp4.json"
     step bench-megatron-gpt 120 "${bench[@]}" --device cpu --scenario megatron-gpt --micro-batches 4 \
       --json "$work/megatron-gpt.json"
+    step bench-no-adapter 120 "${bench[@]}" --device cpu --scenario no-adapter --micro-batches 8 \
+      --json "$work/no-adapter.json"
     step bench-late-leak 120 "${bench[@]}" --device cpu --late-leak --scenario lora-checkpoint \
       --leak-start 20 --steps 40 --clean-steps 40 --json "$work/late-leak.json"
     step bench-watch 150 "${watch[@]}" --device cpu --quick --scenario lora-checkpoint \
@@ -179,7 +186,7 @@ main() {
   if [ "$mode" != dry ]; then
     "${py[@]}" "$repo/benchmarks/device/summarize.py" --out "$outdir" --label "$target" --steps "$work/steps.tsv" \
       defaults="$work/defaults.json" seed-pp4="$work/seed-pp4.json" megatron-gpt="$work/megatron-gpt.json" \
-      late-leak="$work/late-leak.json" || failed=1
+      no-adapter="$work/no-adapter.json" late-leak="$work/late-leak.json" || failed=1
     cut -f1,2,3 "$work/steps.tsv" | sed 's/^/  /'
   else
     echo "dry run: nothing ran; the steps above would write $outdir/bench-$target.{json,md,png} and $outdir/run.log"

@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from gradguard._tools.bench.report import late_table, verdicts
+from gradguard._tools.bench.report import NO_ADAPTER_HEADER, late_table, no_adapter_rows, verdicts
 
 MiB = 2**20
 
@@ -45,6 +45,14 @@ def seed_targets(report: dict[str, Any]) -> list[tuple[str, bool, str]]:
     """The ``seed-pp4`` preset's CUDA targets, per scenario: ``(target, met, figure)``."""
     out = []
     for name, r in report["scenarios"].items():
+        if r.get("kind") == "no-adapter":
+            u = r["unwatched"]["growth_bytes_per_microbatch"]
+            d = r["detach"]["growth_after_report_bytes_per_microbatch"]
+            ratio = d / u if d is not None and u > 0 else float("inf")
+            out.append(
+                (f"{name}: detach slope after the report ≤ 1% of the unwatched slope", ratio <= 0.01, f"{ratio:.4%}")
+            )
+            continue
         u, g = r["unguarded"], r["guarded"]
         slope_u, slope_g = u["growth_bytes_per_microbatch"], g["growth_bytes_per_microbatch"]
         ratio = slope_g / slope_u if slope_u > 0 else float("inf")
@@ -95,6 +103,8 @@ def markdown(summary: dict[str, Any]) -> str:
             lines.append(f"| {run_name} | (no report: the step failed or did not run) | | | | | | | | |")
             continue
         for name, r in report.get("scenarios", {}).items():
+            if r.get("kind") == "no-adapter":
+                continue  # its own table, below
             for run in ("unguarded", "guarded"):
                 x = r[run]
                 done = len(x["allocated_bytes"])
@@ -111,6 +121,20 @@ def markdown(summary: dict[str, Any]) -> str:
                     f"| {r['record_bytes_per_microbatch']:,} B | {r['expected_pinned_bytes_per_microbatch']:,} B "
                     f"| {x['peak_bytes'] / MiB:,.1f} MiB | {x['step_time_median_s'] * 1e3:.2f} ms | {grads} |"
                 )
+    for run_name, report in summary["runs"].items():
+        for name, r in (report or {}).get("scenarios", {}).items():
+            if r.get("kind") != "no-adapter":
+                continue
+            lines += [
+                "",
+                f"{run_name} / {name}: {r['engine']}'s engine with no adapter, only the watch; "
+                f"{r['unwatched']['micro_batches']} micro-batches, record {r['record_bytes_per_microbatch']:,} B, "
+                f"analytic pin {r['expected_pinned_bytes_per_microbatch']:,} B per micro-batch:",
+                "",
+                "| " + " | ".join(NO_ADAPTER_HEADER) + " |",
+                "|" + "---|" * len(NO_ADAPTER_HEADER),
+                *("| " + " | ".join(row) + " |" for row in no_adapter_rows(r)),
+            ]
     lines += ["", "Verdicts:", ""]
     for run_name, report in summary["runs"].items():
         if report is None:
@@ -119,7 +143,7 @@ def markdown(summary: dict[str, Any]) -> str:
             for check, ok, detail in verdicts(r):
                 mark = "" if check.startswith("step") else (" ✓" if ok else " ✗")
                 lines.append(f"- {run_name} / {name}: {check}: {detail}{mark}")
-        if run_name == "seed-pp4":
+        if run_name in ("seed-pp4", "no-adapter"):
             for check, ok, detail in seed_targets(report):
                 lines.append(f"- {run_name} / {check}: {detail} {'✓' if ok else '✗'}")
     for run_name, report in summary["runs"].items():

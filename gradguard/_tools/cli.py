@@ -80,7 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument(
         "--scenario",
         action="append",
-        help="pp-last-stage, lora-checkpoint (the default: both), megatron-gpt (needs megatron-core)",
+        help="pp-last-stage, lora-checkpoint, no-adapter (the default: these three), megatron-gpt (needs "
+        "megatron-core); no-adapter: pp-last-stage's engine with no adapter, only the watch, unwatched and "
+        "in detach, raise and warn mode",
     )
     bench.add_argument("--micro-batches", metavar="N", help="micro-batches per run (default 32)")
     bench.add_argument(
@@ -175,6 +177,8 @@ def _bench(args: argparse.Namespace) -> int:
     import torch
 
     from .._errors import GradGuardError
+    from .bench.no_adapter import LEAST as NO_ADAPTER_LEAST
+    from .bench.no_adapter import MODES, run_no_adapter
     from .bench.report import plot, table, verdicts
     from .bench.runner import run_scenario
     from .bench.scenarios import PRESETS, SCENARIOS, Size
@@ -192,9 +196,9 @@ def _bench(args: argparse.Namespace) -> int:
             return _fail("--plot needs matplotlib: pip install 'gradguard[bench]'")
 
     try:
-        names = [
-            _choice(name, SCENARIOS, "--scenario") for name in args.scenario or ["pp-last-stage", "lora-checkpoint"]
-        ]
+        known = {**SCENARIOS, "no-adapter": None}
+        defaults = ["pp-last-stage", "lora-checkpoint"] + ([] if args.late_leak else ["no-adapter"])
+        names = [_choice(name, known, "--scenario") for name in args.scenario or defaults]
         preset = None if args.preset is None else _choice(args.preset, PRESETS, "--preset")
     except GradGuardError as exc:
         return _fail(str(exc))
@@ -212,6 +216,14 @@ def _bench(args: argparse.Namespace) -> int:
             )
     if args.micro_batches is not None:
         micro_batches = args.micro_batches
+    if "no-adapter" in names and micro_batches < NO_ADAPTER_LEAST:
+        if args.scenario:
+            return _fail(
+                f"--scenario no-adapter needs --micro-batches >= {NO_ADAPTER_LEAST} (the report comes by micro-batch "
+                f"{NO_ADAPTER_LEAST - 4}, the growth after it needs 4 more); got {micro_batches}"
+            )
+        names.remove("no-adapter")
+        print(f"gradguard bench: skipping no-adapter: it needs --micro-batches >= {NO_ADAPTER_LEAST}", file=sys.stderr)
     for name in names:
         if name == "megatron-gpt":
             from .bench.megatron_gpt import unavailable
@@ -236,12 +248,17 @@ def _bench(args: argparse.Namespace) -> int:
         cap = int(0.85 * torch.cuda.get_device_properties(device).total_memory)
 
     if args.late_leak:
+        if "no-adapter" in names:
+            return _fail("--late-leak runs pp-last-stage, lora-checkpoint or megatron-gpt, not no-adapter")
         return _late_leak(args, device, size, names)
 
     def run(name: str, tick: Callable[[], None]) -> Any:
+        if name == "no-adapter":
+            return run_no_adapter(device, size, micro_batches, tick, cap)
         return run_scenario(name, device, size, micro_batches, tick, cap)
 
-    return _measure(args, device, "scenarios", names, len(names) * 2 * micro_batches, run, table, plot, verdicts)
+    total = sum((len(MODES) if name == "no-adapter" else 2) * micro_batches for name in names)
+    return _measure(args, device, "scenarios", names, total, run, table, plot, verdicts)
 
 
 def _late_leak(args: argparse.Namespace, device: torch.device, size: Size, names: list[str]) -> int:

@@ -142,9 +142,13 @@ def test_dry_run_prints_the_cuda_run_and_runs_nothing(wheels: Path, tmp_path: Pa
         "bench-defaults",
         "bench-seed-pp4",
         "bench-megatron-gpt",
+        "bench-no-adapter",
         "bench-late-leak",
         "bench-watch",
     ]
+    assert re.search(
+        r"--device cuda --preset seed-pp4 --scenario no-adapter --micro-batches 256 ", steps["bench-no-adapter"]
+    )
     assert re.search(r"-P -m benchmarks.watch --device cuda --scenario pp-last-stage ", steps["bench-watch"])
     assert "--no-index --no-deps" in steps["install"] and f"{wheels}/" in steps["install"]
     assert "--python-version" not in steps["install"]  # the device's Python is the wheels' 3.12
@@ -199,7 +203,8 @@ def test_run_sh_names_scenarios_and_presets_the_bench_has() -> None:
     text = RUN_SH.read_text()
     scenarios = set(re.findall(r"--scenario ([\w-]+)", text))
     presets = set(re.findall(r"--preset ([\w-]+)", text))
-    assert scenarios == {"megatron-gpt", "pp-last-stage", "lora-checkpoint"} and scenarios <= set(SCENARIOS)
+    assert scenarios == {"megatron-gpt", "pp-last-stage", "lora-checkpoint", "no-adapter"}
+    assert scenarios <= {*SCENARIOS, "no-adapter"}
     assert presets == {"seed-pp4"} and presets <= set(PRESETS)
 
 
@@ -369,6 +374,7 @@ def test_cpu_mode_runs_every_step_and_writes_the_eight_files(wheels: Path, tmp_p
             "bench-defaults",
             "bench-seed-pp4",
             "bench-megatron-gpt",
+            "bench-no-adapter",
         )
     ] + [("bench-late-leak", "1" if failed else "0"), ("bench-watch", "0")]
     watch = json.loads((out / "watch-cpu.json").read_text())
@@ -379,7 +385,14 @@ def test_cpu_mode_runs_every_step_and_writes_the_eight_files(wheels: Path, tmp_p
         "defaults": ["lora-checkpoint", "pp-last-stage"],
         "seed-pp4": ["pp-last-stage"],
         "megatron-gpt": ["megatron-gpt"],
+        "no-adapter": ["no-adapter"],
     }
+    free = runs.pop("no-adapter")["scenarios"]["no-adapter"]
+    pin, record = free["expected_pinned_bytes_per_microbatch"], free["record_bytes_per_microbatch"]
+    assert free["unwatched"]["growth_bytes_per_microbatch"] == pin + record  # CPU: exact bytes
+    assert all(free[m]["reported_at_microbatch"] <= 4 for m in ("detach", "raise", "warn"))
+    assert free["detach"]["growth_after_report_bytes_per_microbatch"] == record
+    assert free["grads_equal"] is True
     leak = late["late_leak"]["lora-checkpoint"]
     assert leak["leak_start"] == 20 and leak["watched"]["reported_at"] - 20 <= 5  # found within five boundaries
     for report in runs.values():
@@ -391,6 +404,8 @@ def test_cpu_mode_runs_every_step_and_writes_the_eight_files(wheels: Path, tmp_p
     md = (out / "bench-cpu.md").read_text()
     assert "| megatron-gpt | megatron-gpt | unguarded | 4 | 526,336 B | 2,048 B | 524,288 B |" in md
     assert "- seed-pp4 / pp-last-stage: guarded slope ≤ 1% of the unguarded slope: " in md
+    assert "- no-adapter / no-adapter: detach slope after the report ≤ 1% of the unwatched slope: " in md
+    assert "| detach | 2,048 B after the report " in md
     assert (out / "bench-cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "A leak that starts late (late-leak):" in md and "lora-checkpoint  20" in md
 

@@ -27,6 +27,8 @@ from _helpers import env
 
 import gradguard
 from gradguard import engines
+from gradguard._tools.bench.no_adapter import MODES, REPORT_WITHIN, run_no_adapter
+from gradguard._tools.bench.report import no_adapter_verdicts, table
 from gradguard._tools.bench.runner import run_scenario
 from gradguard._tools.bench.scenarios import PRESETS, SCENARIOS, Size, build
 from gradguard._tools.cli import main
@@ -180,7 +182,10 @@ def test_bench_exit_status_and_table(bench: dict[str, Any]) -> None:
 
 def test_bench_te_on_cpu_is_skipped_in_one_line(bench: dict[str, Any]) -> None:
     assert "Traceback" not in bench["stderr"]
-    assert bench["stderr"].strip() == "gradguard bench: skipping --te: Transformer Engine runs on CUDA only"
+    assert bench["stderr"].strip().splitlines() == [
+        "gradguard bench: skipping no-adapter: it needs --micro-batches >= 8",  # 4 here
+        "gradguard bench: skipping --te: Transformer Engine runs on CUDA only",
+    ]
     assert list(bench["report"]["scenarios"]) == ["pp-last-stage", "lora-checkpoint"]
 
 
@@ -264,6 +269,32 @@ def test_measured_growth_matches_the_analytic_pin(name: str) -> None:
     assert result["grads_equal"] is True
 
 
+def test_no_adapter_the_watch_alone_reports_the_store_and_bounds_it() -> None:
+    """The seed's engine with no adapter: only the watch; exact bytes on CPU."""
+    ticks: list[int] = []
+    result = run_no_adapter(CPU, TINY, 10, lambda: ticks.append(1))
+    pin, record = result["expected_pinned_bytes_per_microbatch"], result["record_bytes_per_microbatch"]
+    assert (result["kind"], result["engine"], pin, record) == ("no-adapter", "pp-last-stage", 1024, 64)
+    unwatched, detach, raised, warned = (result[m] for m in MODES)
+    assert abs(unwatched["growth_bytes_per_microbatch"] - (pin + record)) < 1  # CPU: exact bytes
+    assert abs(warned["growth_bytes_per_microbatch"] - (pin + record)) < 1  # warn leaves it as it is
+    for run in (detach, raised, warned):
+        assert run["reported_at_microbatch"] is not None and run["reported_at_microbatch"] <= REPORT_WITHIN
+        assert {h[2] for h in run["holders"]} == {"micro"}
+        assert any("forward_data_store[*]['model_output']['log_probs']" in h[0] for h in run["holders"])
+    assert {h[1] for h in detach["holders"]} == {"repaired"}
+    assert detach["growth_after_report_bytes_per_microbatch"] == record  # the records' own bytes, no graph
+    assert len(raised["allocated_bytes"]) == raised["reported_at_microbatch"]  # stopped by the raise
+    assert "across the micro-batches of one step" in raised["error"]
+    assert warned["warnings"] >= 1 and "forward_data_store" in warned["warning"]
+    assert result["grads_equal"] is True
+    assert len(ticks) == 10 * 3 + raised["reported_at_microbatch"]
+    assert all(ok for _, ok, _ in no_adapter_verdicts(result))
+    text = table({"scenarios": {"no-adapter": result}})
+    assert re.search(r"^detach\s+64 B after the report .*micro-batch \d\s+repaired", text, re.M)
+    assert "FAIL" not in text
+
+
 def test_build_refuses_an_unknown_scenario() -> None:
     with pytest.raises(ValueError, match=r"unknown scenario 'nope'; known: pp-last-stage, lora-checkpoint"):
         build("nope", CPU, TINY)
@@ -304,8 +335,19 @@ def test_unknown_scenario_refuses(capsys: pytest.CaptureFixture[str]) -> None:
     line = _one_line_refusal(capsys.readouterr().err)
     assert line == (
         "gradguard bench: --scenario='nope' is not accepted; accepted: pp-last-stage, lora-checkpoint, "
-        "pp-last-stage-te, megatron-gpt"
+        "pp-last-stage-te, megatron-gpt, no-adapter"
     )
+
+
+def test_no_adapter_refuses_too_few_micro_batches_and_the_late_leak(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--device", "cpu", "--scenario", "no-adapter", "--no-progress"]
+    assert main([*argv, "--micro-batches", "7"]) == 2
+    assert _one_line_refusal(capsys.readouterr().err) == (
+        "gradguard bench: --scenario no-adapter needs --micro-batches >= 8 (the report comes by micro-batch 4, "
+        "the growth after it needs 4 more); got 7"
+    )
+    assert main([*argv, "--late-leak"]) == 2
+    assert "not no-adapter" in _one_line_refusal(capsys.readouterr().err)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")

@@ -8,7 +8,18 @@ from typing import Any
 
 from ..._policy import table as _table
 
-__all__ = ["late_plot", "late_table", "late_verdicts", "plot", "table", "verdicts", "write_json"]
+__all__ = [
+    "NO_ADAPTER_HEADER",
+    "late_plot",
+    "late_table",
+    "late_verdicts",
+    "no_adapter_rows",
+    "no_adapter_verdicts",
+    "plot",
+    "table",
+    "verdicts",
+    "write_json",
+]
 
 MiB = 2**20
 
@@ -44,6 +55,8 @@ def verdicts(result: dict[str, Any]) -> list[tuple[str, bool, str]]:
     the guarded growth is the record's (within 1% of the pin); the gradients are bitwise equal; the
     step time ratio is shown, never judged (it is the machine's).
     """
+    if result.get("kind") == "no-adapter":
+        return no_adapter_verdicts(result)
     pin = result["expected_pinned_bytes_per_microbatch"]
     record = result["record_bytes_per_microbatch"]
     u, g = result["unguarded"], result["guarded"]
@@ -68,11 +81,94 @@ def verdicts(result: dict[str, Any]) -> list[tuple[str, bool, str]]:
     ]
 
 
+def no_adapter_verdicts(result: dict[str, Any]) -> list[tuple[str, bool, str]]:
+    """``(check, passed, detail)`` per target of the no-adapter scenario: the instrument (as the others'),
+    the store reported by micro-batch :data:`~.no_adapter.REPORT_WITHIN` in each watched mode, ``detach``'s
+    growth after the report the records' own bytes (within 1% of the pin), the gradients of the unwatched
+    and ``detach`` runs bitwise equal; the step time ratio shown, never judged."""
+    from .no_adapter import REPORT_WITHIN
+
+    pin = result["expected_pinned_bytes_per_microbatch"]
+    record = result["record_bytes_per_microbatch"]
+    u, d = result["unwatched"], result["detach"]
+    leak = u["growth_bytes_per_microbatch"] - record
+    checks = [
+        (
+            "instrument: unwatched growth - record ≈ pin (±5%)",
+            abs(leak - pin) <= 0.05 * pin,
+            f"{leak / MiB:.3f} MiB vs {pin / MiB:.3f} MiB",
+        )
+    ]
+    for mode in ("raise", "warn", "detach"):
+        at = result[mode]["reported_at_microbatch"]
+        checks.append(
+            (
+                f"{mode}: the store reported by micro-batch {REPORT_WITHIN}, with no adapter",
+                at is not None and at <= REPORT_WITHIN,
+                f"reported at micro-batch {at}" if at is not None else "not reported",
+            )
+        )
+    after = d["growth_after_report_bytes_per_microbatch"]
+    checks.append(
+        (
+            "detach: growth after the report ≤ record + 1% of pin",
+            after is not None and after - record <= 0.01 * pin,
+            "no report" if after is None else f"{after:,.0f} B/micro-batch (record {record:,} B)",
+        )
+    )
+    checks.append(
+        (
+            "grads bitwise equal (unwatched vs detach)",
+            result["grads_equal"] is True,
+            "not compared: a run stopped at the memory cap"
+            if result["grads_equal"] is None
+            else str(result["grads_equal"]),
+        )
+    )
+    ratio = d["step_time_median_s"] / u["step_time_median_s"] if u["step_time_median_s"] else float("nan")
+    checks.append(("step time detach/unwatched", True, f"{ratio:.3f}"))
+    return checks
+
+
+def no_adapter_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The no-adapter scenario's rows: ``(run, growth / micro-batch, reported at, outcome, peak, step)``;
+    ``detach``'s growth is after the report (over the whole run in brackets)."""
+    from .no_adapter import MODES
+
+    rows = []
+    for mode in MODES:
+        x = result[mode]
+        growth = f"{x['growth_bytes_per_microbatch']:,.0f} B"
+        if mode == "detach" and x.get("growth_after_report_bytes_per_microbatch") is not None:
+            growth = f"{x['growth_after_report_bytes_per_microbatch']:,.0f} B after the report ({growth} in all)"
+        elif mode == "raise":
+            growth = "— (stopped by the raise)" if x["reported_at_microbatch"] is not None else growth
+        at = x.get("reported_at_microbatch")
+        outcomes = ", ".join(sorted({h[1] for h in x.get("holders", [])})) or "—"
+        rows.append(
+            (
+                mode,
+                growth,
+                "—" if mode == "unwatched" else (f"micro-batch {at}" if at is not None else "not reported"),
+                outcomes,
+                f"{x['peak_bytes'] / MiB:.1f} MiB",
+                f"{x['step_time_median_s'] * 1e3:.2f} ms",
+            )
+        )
+    return rows
+
+
+NO_ADAPTER_HEADER = ("run", "growth/mb", "reported at", "outcome", "peak", "step (median)")
+
+
 def table(report: dict[str, Any]) -> str:
-    """A readable table of every scenario's figures."""
+    """A readable table of every scenario's figures (the no-adapter scenario's in a table of its own)."""
     header = ("scenario", "run", "growth/mb", "record/mb", "pin/mb (analytic)", "peak", "step (median)")
     rows = []
+    no_adapter = {n: r for n, r in report["scenarios"].items() if r.get("kind") == "no-adapter"}
     for name, r in report["scenarios"].items():
+        if name in no_adapter:
+            continue
         for run in ("unguarded", "guarded"):
             x = r[run]
             rows.append(
@@ -86,9 +182,20 @@ def table(report: dict[str, Any]) -> str:
                     f"{x['step_time_median_s'] * 1e3:.2f} ms",
                 )
             )
-    lines = _table.text(header, rows).splitlines()
+    lines = _table.text(header, rows).splitlines() if rows else []
+    for name, r in no_adapter.items():
+        holders = sorted({h[0] for m in ("raise", "warn", "detach") for h in r[m].get("holders", [])})
+        lines += [
+            "",
+            f"{name}: {r['engine']}'s engine with no adapter, only the watch (enforce() and watch(), as gradguard run "
+            f"sets them up); record {r['record_bytes_per_microbatch']:,} B/mb, pin "
+            f"{r['expected_pinned_bytes_per_microbatch']:,} B/mb (analytic)",
+            *_table.text(NO_ADAPTER_HEADER, no_adapter_rows(r)).splitlines(),
+            f"{name}: holders named: {', '.join(holders) or 'none'}",
+        ]
     for name, r in report["scenarios"].items():
-        for run in ("unguarded", "guarded"):
+        runs = ("unwatched", "detach", "raise", "warn") if name in no_adapter else ("unguarded", "guarded")
+        for run in runs:
             x = r[run]
             if "stopped_at_microbatch" in x:
                 lines.append(
@@ -106,9 +213,17 @@ def plot(report: dict[str, Any], path: str) -> None:
     """Allocated bytes after each micro-batch, per scenario, unguarded vs guarded, as a PNG."""
 
     def draw(ax: Any, name: str) -> None:
-        for run, style in (("unguarded", "-"), ("guarded", "--")):
-            values = report["scenarios"][name][run]["allocated_bytes"]
-            ax.plot(range(1, len(values) + 1), [v / MiB for v in values], style, label=run)
+        r = report["scenarios"][name]
+        if r.get("kind") == "no-adapter":
+            runs = (("unwatched", "-"), ("detach", "--"), ("warn", ":"), ("raise", "-."))
+        else:
+            runs = (("unguarded", "-"), ("guarded", "--"))
+        for run, style in runs:
+            values = r[run]["allocated_bytes"]
+            label = run if r.get("kind") != "no-adapter" or run == "unwatched" else f"watch(mode={run!r})"
+            ax.plot(range(1, len(values) + 1), [v / MiB for v in values], style, label=label)
+        if r.get("kind") == "no-adapter" and r["detach"]["reported_at_microbatch"] is not None:
+            ax.axvline(r["detach"]["reported_at_microbatch"], color="red", linestyle=":", label="reported")
         ax.set_xlabel("micro-batch")
         ax.set_ylabel("allocated (MiB)")
         ax.legend()
