@@ -82,6 +82,8 @@ def page_options(parser: argparse.ArgumentParser) -> None:
 
 def _page_files(args: argparse.Namespace, prog: str) -> bool:
     """Whether ``--html`` and ``--png`` can be written (their folders, what they need installed); says why not."""
+    if args.html is None and args.png is None:
+        return True  # nothing of the page's is imported
     from ._page import check
 
     wrong = check(args.html, args.png)
