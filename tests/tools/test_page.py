@@ -131,3 +131,12 @@ def test_sixty_four_ranks_make_one_page_with_a_curve_each(tmp_path: Path) -> Non
     assert len(curves) == 64 and curves[0] == "rank 6/64"
     assert len(re.findall(r'<tr class="process grows"', text)) == 1
     assert len(text) < 5_000_000
+
+
+def test_a_folder_of_only_a_corrupt_report_still_makes_a_page_that_says_so(tmp_path: Path) -> None:
+    (tmp_path / "report-r1-node-1-5-00.json").write_text('{"format": "gr')
+    page, plot = tmp_path / "page.html", tmp_path / "plot.png"
+    assert commands.report(str(tmp_path), None, html=str(page), png=str(plot)) == 1
+    text = page.read_text()
+    assert '<li class="bad">report-r1-node-1-5-00.json: unreadable (' in text and 'id="no-curve"' in text
+    assert "nothing was checked" in text and plot.stat().st_size > 0
