@@ -91,3 +91,20 @@ def test_a_twenty_thousand_step_runs_report_stays_under_a_megabyte(tmp_path: Pat
     assert path.stat().st_size <= 1_000_000, path.stat().st_size
     (report,) = _read.read_run(str(tmp_path), "r1").reports
     assert report.timeline is not None and len(report.timeline["clocks"]["micro"]["step"]) <= 4096
+
+
+def test_a_process_makes_its_reports_timeline_again_only_now_and_then_and_at_exit(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from gradguard._launch import _process
+    from gradguard._launch._settings import Settings
+
+    process = _process._Process(Settings({"GRADGUARD_REPORT_DIR": str(tmp_path), "GRADGUARD_RUN_ID": "r1"}))
+    watcher: Any = SimpleNamespace(timeline=_timeline())
+    first = process._timeline(watcher)
+    watcher.timeline.point("step", 999, 4000, 1, 1, 99.0)
+    assert process._timeline(watcher) is first  # within the interval: the same object, dumped once
+    process.at_exit = True
+    last = process._timeline(watcher)
+    assert last is not first and last is not None and last["clocks"]["step"]["step"][-1] == 999
+    assert process._timeline(SimpleNamespace()) is None  # a watcher that keeps no timeline
