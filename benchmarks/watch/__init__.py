@@ -15,7 +15,11 @@ Leaks (each run twice in one process: unwatched, then inside ``watch(mode="detac
 * ``growth-then-leak``: the fast step filling a detached replay buffer (32 KiB a step) until step 300,
   then keeping an evaluation forward from step 400;
 * ``short-6`` and ``short-30``: a trainer that adds each loss to ``self.running['epoch_loss']`` (6 steps),
-  and one that adds each step's squared error, graph included, to a metric's state (30 steps), from step 1.
+  and one that adds each step's squared error, graph included, to a metric's state (30 steps), from step 1;
+* ``micro/seed``: the seed's shape, read per micro-batch: one step of ``--seed-micro-batches`` micro-batches
+  (an MLP, 128 wide, 3 layers, batch 64) whose log-probabilities, graph attached, go into
+  ``output_lst`` after each backward, cleared before ``optimizer.step()``; its columns count micro-batches,
+  not steps (the micro-batch it was reported at, the bytes per micro-batch).
 
 Clean runs (watched and unwatched, the same steps): ``fast/clean`` and ``late/<scenario>`` clean, and
 ``sawtooth`` (the fast step filling a detached buffer for 50 steps, then clearing it).
@@ -33,6 +37,9 @@ first, CPU time and wall time; the ratio of the median pair, each pair's beside 
 * ``cost/clean-0.5ms``: the fast step, ``--cost-steps`` steps; target 1.02x;
 * ``cost/clean-4mb``: a step of 4 micro-batches of ``--mb-scenario`` (``lora-checkpoint``: tens of
   milliseconds on a CPU core), ``--mb-steps`` steps; target 1.003x;
+* ``cost/clean-64mb``: gradient accumulation, 64 micro-batches of 0.5 to 2 ms a step (``micro/seed``'s MLP,
+  each ``loss.item()`` kept, no record), ``--micro-steps`` steps: every backward is a micro-batch boundary
+  of the watch; target 1.02x;
 * storms, correct programs whose steps' graphs outlive the step, ``--storm-steps`` fast steps each,
   target 1.05x: ``storm/kept-exception`` (a caught exception kept in a local: the traceback's cycle
   holds the step's output until the collector runs), ``storm/cycles`` (each step's output in a

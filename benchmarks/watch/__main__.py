@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from benchmarks.watch import __doc__ as DOC
-from benchmarks.watch.cost import MIN_STEP_MS, cost_cases, floor, side_by_side
+from benchmarks.watch.cost import MICRO_MS, MIN_STEP_MS, cost_cases, floor, side_by_side
 from benchmarks.watch.library import library_leak
-from benchmarks.watch.loops import fast_run, frame_local_run, late_run
+from benchmarks.watch.loops import fast_run, frame_local_run, late_run, micro_run
 from benchmarks.watch.report import COST_HEADER, HEADER, cost_rows, floor_text, markdown, plot, row, row_text
 from gradguard._tools.bench.machine import measuring
 from gradguard._tools.bench.report import write_json
@@ -51,6 +51,7 @@ def _cases(args: argparse.Namespace) -> Iterator[tuple[str, str, Callable[[bool]
     yield "frame-local", f"leak from {fast[1]}", functools.partial(frame_local_run, device, *fast)
     yield "short-6", "leak from 1", lambda w: fast_run(device, "running-loss", 6, 1, w)
     yield "short-30", "leak from 1", lambda w: fast_run(device, "metric", 30, 1, w)
+    yield "micro/seed", "leak from 1", lambda w: micro_run(device, args.seed_micro_batches, 1, w)
     yield "fast/clean", "clean", lambda w: fast_run(device, "clean", args.clean_steps, 0, w)
     yield "sawtooth", "clean", lambda w: fast_run(device, "sawtooth", args.clean_steps, 0, w)
 
@@ -64,13 +65,21 @@ def measure(args: argparse.Namespace, say: Callable[[str], None]) -> list[dict[s
         say(row_text(entry))
 
     for case, kind, run in _cases(args):
-        done({"case": case, "kind": kind, "unwatched": run(False), "watched": run(True)})
+        entry = {"case": case, "kind": kind, "unwatched": run(False), "watched": run(True)}
+        done({**entry, "unit": "micro-batch"} if case.startswith("micro/") else entry)
     device = torch.device(args.device)
-    for case, target, run in cost_cases(device, args.mb_scenario, args.cost_steps, args.mb_steps, args.storm_steps):
+    cases = cost_cases(device, args.mb_scenario, args.cost_steps, args.mb_steps, args.storm_steps, args.micro_steps)
+    for case, target, run in cases:
         figures = side_by_side(run, args.rounds)
         steps = figures["pairs"][0]["unwatched"]["steps"]
         entry = {"case": case, "kind": "cost", "target": target, "steps": steps, "quick": args.quick, **figures}
-        done({**entry, "min_step_ms": MIN_STEP_MS[case]} if case in MIN_STEP_MS else entry)
+        if case in MIN_STEP_MS:
+            entry["min_step_ms"] = MIN_STEP_MS[case]
+        if case in MICRO_MS:
+            entry["micro_ms_range"] = MICRO_MS[case]
+            entry["micro_batches_a_step"] = micro = figures["pairs"][0]["unwatched"]["micro_batches_a_step"]
+            entry["micro_ms"] = figures["step_ms"] / micro
+        done(entry)
     shorter = None
     for steps, figures in library_leak(args.device, args.library_steps, args.rounds).items():
         entry = {"case": f"library-leak/{steps}", "kind": "library leak", "target": 1.05, "steps": steps}
@@ -105,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--mb-steps", type=int, default=200, help="cost/clean-4mb: steps a run")
     p.add_argument("--mb-scenario", default="lora-checkpoint", choices=SCENARIOS, help="cost/clean-4mb: its scenario")
     p.add_argument("--storm-steps", type=int, default=2000, help="storm/*: steps a run")
+    p.add_argument("--micro-steps", type=int, default=40, help="cost/clean-64mb: steps (of 64 micro-batches) a run")
+    p.add_argument("--seed-micro-batches", type=int, default=256, help="micro/seed: micro-batches of its one step")
     p.add_argument("--library-steps", type=_steps, default=[200, 800], help="library-leak: two run lengths")
     p.add_argument("--quick", action="store_true", help="a smoke run: one scenario, short runs, ratios not judged")
     p.add_argument("--json", metavar="PATH")
@@ -117,6 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.growth_steps, args.growth_start, args.clean_steps, args.micro_batches = 430, 405, 60, 1
         args.rounds, args.cost_steps, args.mb_steps, args.storm_steps = 1, 200, 10, 150
         args.library_steps = [30, 60]
+        args.micro_steps, args.seed_micro_batches = 3, 32
     args.scenario = args.scenario or [s for s in SCENARIOS if _unavailable(s) is None]
     with measuring(args.device) as (facts, line):
         t0 = time.perf_counter()

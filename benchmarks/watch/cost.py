@@ -24,9 +24,9 @@ import torch
 import gradguard
 from gradguard._graph.stamps import FRESH, Stamp
 
-from .loops import LEAKS, Extra, Fast, watch_figures
+from .loops import LEAKS, Extra, Fast, Micro, watch_figures
 
-__all__ = ["MIN_STEP_MS", "STORMS", "fast_cost", "floor", "late_cost", "side_by_side"]
+__all__ = ["MICRO_MS", "MIN_STEP_MS", "STORMS", "fast_cost", "floor", "late_cost", "micro_cost", "side_by_side"]
 
 STORMS = ("kept-exception", "cycles", "gc-off", "grad-fn-kept")
 """The cost storms: correct programs whose steps' graphs outlive the step (until the collector runs, or
@@ -35,6 +35,9 @@ as nodes no tensor holds)."""
 
 MIN_STEP_MS = {"cost/clean-4mb": 10.0}
 """The shortest unwatched step a case's target is stated for, in milliseconds."""
+
+MICRO_MS = {"cost/clean-64mb": (0.5, 2.0)}
+"""The unwatched micro-batch's range a case's target is stated for, in milliseconds."""
 
 
 def _timed(body: Callable[[], None], watched: bool, gc_off: bool = False) -> dict[str, Any]:
@@ -104,6 +107,23 @@ def late_cost(name: str, device: torch.device, steps: int, micro_batches: int, w
     return out
 
 
+def micro_cost(device: torch.device, micro: int, steps: int, watched: bool) -> dict[str, Any]:
+    """One run of ``steps`` correct steps of ``micro`` micro-batches (gradient accumulation, each micro-batch's
+    ``loss.item()`` kept), after one warm-up step: every backward is a micro-batch boundary of the watch."""
+    run = Micro(device, micro)
+    run.step(1)
+
+    def body() -> None:
+        for n in range(2, steps + 2):
+            run.step(n)
+
+    out = _timed(body, watched)
+    out["steps"] = steps
+    out["micro_batches_a_step"] = micro
+    run.close()
+    return out
+
+
 def side_by_side(run: Callable[[bool], dict[str, Any]], rounds: int) -> dict[str, Any]:
     """``rounds`` pairs of ``run(False)`` and ``run(True)``, alternating which goes first.
 
@@ -143,11 +163,12 @@ def _extra(pair: dict[str, Any]) -> float:
 
 
 def cost_cases(
-    device: torch.device, scenario: str, clean_steps: int, mb_steps: int, storm_steps: int
+    device: torch.device, scenario: str, clean_steps: int, mb_steps: int, storm_steps: int, micro_steps: int = 40
 ) -> Iterator[tuple[str, float, Callable[[bool], dict[str, Any]]]]:
     """``(case, target ratio, run(watched))`` for the clean steps and the storms."""
     yield "cost/clean-0.5ms", 1.02, lambda w: fast_cost(device, "clean", clean_steps, w)
     yield "cost/clean-4mb", 1.003, lambda w: late_cost(scenario, device, mb_steps, 4, w)
+    yield "cost/clean-64mb", 1.02, lambda w: micro_cost(device, 64, micro_steps, w)
     for storm in STORMS:
         yield f"storm/{storm}", 1.05, functools.partial(fast_cost, device, storm, storm_steps)
 

@@ -17,6 +17,10 @@ from gradguard._watch.governor import SHARE
 
 __all__ = ["COST_HEADER", "HEADER", "cost_rows", "floor_text", "markdown", "plot", "row", "row_text", "verdicts"]
 
+MICRO_WITHIN = 4
+"""The micro-batch by which a store filled from the first micro-batch is reported (the micro-batch clock's
+first two searches, then a read of the holder by name one micro-batch later)."""
+
 SAME_RATIO = 0.02
 """How far apart the library leak's ratios at its two run lengths may be: its cost does not grow with the run."""
 
@@ -50,7 +54,17 @@ def verdicts(entry: dict[str, Any]) -> list[tuple[str, bool | None, str]]:
     w, plain = entry["watched"], entry["unwatched"]
     start = start_of(entry["kind"])
     checks: list[tuple[str, bool | None, str]] = []
-    if start is not None:
+    if start is not None and entry.get("unit") == "micro-batch":
+        reported = w["reported_at"]
+        a_step = w.get("micro_batches_a_step")
+        checks.append(
+            (
+                f"reported in its first step, by micro-batch {MICRO_WITHIN}",
+                reported is not None and reported <= MICRO_WITHIN and (a_step is None or reported <= a_step),
+                f"started at micro-batch {start}, reported at micro-batch {reported}",
+            )
+        )
+    elif start is not None:
         reported = w["reported_at"]
         checks.append(
             (
@@ -59,6 +73,7 @@ def verdicts(entry: dict[str, Any]) -> list[tuple[str, bool | None, str]]:
                 f"started at {start}, reported at {reported}",
             )
         )
+    if start is not None:
         if reported is not None and w["steps"] >= reported + 20 and any(o == "repaired" for _, o in w["holders"]):
             tail = w["memory"][reported + 5 :]
             checks.append(
@@ -118,6 +133,15 @@ def _cost_verdicts(entry: dict[str, Any]) -> list[tuple[str, bool | None, str]]:
                 f"a step of {entry['min_step_ms']:g} ms or more, unwatched",
                 entry["step_ms"] >= entry["min_step_ms"],
                 f"{entry['step_ms']:.2f} ms",
+            )
+        )
+    if "micro_ms_range" in entry:
+        low, high = entry["micro_ms_range"]
+        checks.append(
+            (
+                f"a micro-batch of {low:g} to {high:g} ms, unwatched ({entry['micro_batches_a_step']} a step)",
+                low <= entry["micro_ms"] <= high,
+                f"{entry['micro_ms']:.2f} ms",
             )
         )
     if entry["kind"] == "library leak":

@@ -56,10 +56,12 @@ def test_watch_benchmark_quick_run(tmp_path: Path) -> None:
         "frame-local",
         "short-6",
         "short-30",
+        "micro/seed",
         "fast/clean",
         "sawtooth",
         "cost/clean-0.5ms",
         "cost/clean-4mb",
+        "cost/clean-64mb",
         *storms,
         "library-leak/30",
         "library-leak/60",
@@ -83,7 +85,16 @@ def test_watch_benchmark_quick_run(tmp_path: Path) -> None:
             assert plain["steps"] == watched["steps"] == entry["steps"], name
             assert plain["cpu_s"] > 0 and watched["wall_s"] > 0 and watched["boundaries"] == entry["steps"], name
             assert watched["summary"].startswith("gradguard watch: "), name
-    for name in ("cost/clean-0.5ms", "cost/clean-4mb"):  # clean steps: nothing reported
+    seed = cases["micro/seed"]  # the seed's shape, per micro-batch: reported in its first step, repaired
+    assert seed["unit"] == "micro-batch" and seed["watched"]["micro_batches_a_step"] == seed["watched"]["steps"] == 32
+    assert 1 <= seed["watched"]["reported_at"] <= 4
+    assert [o for _, o in seed["watched"]["holders"]] == ["repaired"]
+    assert "output_lst[*]['model_output']['log_probs']" in seed["watched"]["holders"][0][0]
+    assert len(seed["watched"]["memory"]) == len(seed["unwatched"]["memory"]) == 32
+    micro = cases["cost/clean-64mb"]  # gradient accumulation: every backward a micro-batch boundary
+    assert micro["micro_batches_a_step"] == 64 and micro["micro_ms"] > 0 and micro["micro_ms_range"] == [0.5, 2.0]
+    assert all(p["watched"]["backwards"] == 64 * micro["steps"] for p in micro["pairs"])
+    for name in ("cost/clean-0.5ms", "cost/clean-4mb", "cost/clean-64mb"):  # clean steps: nothing reported
         assert all(pair["watched"]["holders"] == [] for pair in cases[name]["pairs"]), name
     for name in ("library-leak/30", "library-leak/60"):  # a library's state: reported, never written
         for pair in cases[name]["pairs"]:
