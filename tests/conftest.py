@@ -12,6 +12,7 @@ settings) a module's tests may run in several workers: a module-scoped fixture w
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from gradguard._guards import patch as _patch
 from gradguard._heap import roots as _roots
 from gradguard._policy import modes as _policy
 from gradguard._scope import enforce as _enforce
+from gradguard._watch import backwards as _backwards
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +46,12 @@ def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # Before torch 2.13 a saved-tensor hook set by an earlier test would put every later one in the
     # degraded mode (gradguard._compat): each test starts as a program that has set none.
     monkeypatch.setattr(_compat, "_hooks_seen", False)
+    listening = _backwards.listening()
     yield
+    if _backwards.listening() > listening:
+        # A watcher the test drove by hand and dropped, kept alive only by a cycle (an exception's traceback
+        # holds its frames): collected now, it stops listening to the next tests' backwards.
+        gc.collect()
     leftover_installs = _enforce.installed()
     leftover_patches = _patch.installed() - patched
     leftover_hooks = {kind: n - hooks[kind] for kind, n in _optimizer_hooks().items() if n != hooks[kind]}

@@ -19,18 +19,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["SAMPLE", "HeldParameters"]
-
-SAMPLE = 4
-"""Parameters read per reading, in turn: every parameter of the optimizers is read once every
-``ceil(parameters / SAMPLE)`` readings, weights (saved by the layers that use them) first."""
+__all__ = ["HeldParameters"]
 
 _use_count = getattr(torch.Tensor, "_use_count", None)
 
 
 class HeldParameters:
     """The references the program's graphs hold to the parameters of ``optimizers``, as a running level
-    (see the module documentation). Each call reads the next :data:`SAMPLE` parameters in turn and adds
+    (see the module documentation). Each call reads the next ``sample`` parameters in turn (every parameter
+    is read once every ``ceil(parameters / sample)`` readings, weights first: the layers that use them save
+    them) and adds
     to the level how much each one's count moved since that parameter's previous reading: a forward kept
     with its graph raises the level when the turn of a parameter it saved comes. :meth:`__call__`
     returns the level, or ``None`` where no count can be read (a torch without ``Tensor._use_count``,
@@ -38,7 +36,7 @@ class HeldParameters:
 
     __slots__ = ("_last", "_turn", "_turns", "level")
 
-    def __init__(self, optimizers: Iterable[Any]) -> None:
+    def __init__(self, optimizers: Iterable[Any], sample: int) -> None:
         params: list[torch.Tensor] = []
         seen: set[int] = set()
         for optimizer in optimizers:
@@ -50,7 +48,7 @@ class HeldParameters:
         params.sort(key=lambda p: p.dim() < 2)  # stable: weights first, in the optimizer's order
         pairs = [(i, weakref.ref(p)) for i, p in enumerate(params)]
         # Each reading's parameters, made once: the reading itself only looks them up.
-        self._turns = [tuple(pairs[k : k + SAMPLE]) for k in range(0, len(pairs), SAMPLE)]
+        self._turns = [tuple(pairs[k : k + sample]) for k in range(0, len(pairs), sample)]
         self._turn = 0
         self._last: list[int | None] = [None] * len(params)
         self.level = 0

@@ -45,6 +45,7 @@ FRESH, USED, EXPLAINED = 0, 1, 2
 Key = int
 
 _COMPACT = 256  # stamps the ledger's index holds before it first forgets the dead ones
+_TRIM_AT = 64  # counted stamps in the books before a micro-batch boundary drops the dead from their front
 
 
 def node_key(node: Any) -> Key | None:
@@ -336,8 +337,9 @@ class Ledger:
         """The number of the earliest backward below ``before`` and above :attr:`micro_horizon` whose stamp is
         alive (a graph it ran through is still held), or ``None``. Call it in the thread that steps (or the
         only one that runs backwards): it drops what it passes from the front of its list, and the dead
-        from the front of the books, as :meth:`oldest_alive` does."""
-        self.trim()
+        from the front of the books once they are long, as :meth:`oldest_alive` does."""
+        if len(self._open) > _TRIM_AT:
+            self.trim()
         found = self._micro
         horizon = self.micro_horizon
         while found:

@@ -26,6 +26,8 @@ from types import ModuleType
 from typing import Literal
 
 from .._policy import validate
+from .tuning import COSTS_KEPT as _COSTS_KEPT
+from .tuning import CUDA_RESCAN as RESCAN
 
 __all__ = [
     "CPU",
@@ -40,13 +42,10 @@ __all__ = [
 ]
 
 CPU = "cpu"
-RESCAN = 64
-"""CUDA: readings between two scans of every device for one first used since."""
 
 CpuSource = Literal["mallinfo2", "statm"]
 
 _PROBE_BYTES = 1 << 20
-_COSTS_KEPT = 3  # the budget goes by the cheapest of the last readings: one preempted reading does not stall it
 
 
 class Mallinfo2(ctypes.Structure):

@@ -26,6 +26,7 @@ from .._policy.message import display, human, nodes_text
 from .._policy.table import text
 from .._tree.walk import graph_record
 from .fix import fix
+from .tuning import NODE_BYTES
 
 __all__ = [
     "NODE_BYTES",
@@ -40,11 +41,6 @@ __all__ = [
     "scan_tensors",
 ]
 
-NODE_BYTES = 700
-"""Estimated bytes of one autograd node that a kept graph pins: 640–780 B per node measured with
-glibc's allocator for an MLP, a convolution and a transformer layer's backwarded graphs on torch 2.13
-(``benchmarks/results/audit-cpu.md``): the node, its edges and input metadata, its freed saved
-variables."""
 
 scan_lock = threading.RLock()
 """One heap search at a time in this process: a search running next to another sees the other's

@@ -8,8 +8,9 @@ graphs of different steps, one of which survived a boundary: both grow. A holder
 graph survived exactly one boundary (``self.last_loss = loss`` after ``optimizer.step()``), or that is
 bounded by construction (a ``deque(maxlen=...)``), is **bounded**: listed with what it pins, never acted
 on. The rule does not depend on where the assignment sits; plain variables are not listed as bounded
-(``loss = train_step(batch)`` keeps the previous step's loss while the next one runs). Which optimizers' boundaries count, other threads'
-frames, and graphs old only through another holder: ``docs/guide/finding-leaks.md``.
+(``loss = train_step(batch)`` keeps the previous step's loss while the next one runs). Which optimizers'
+boundaries count, other threads' frames, and graphs old only through another holder:
+``docs/guide/finding-leaks.md``.
 """
 
 from __future__ import annotations
@@ -28,10 +29,9 @@ from .._graph.liveness import Liveness
 from .._graph.stamps import Ledger, epochs_below
 from .._heap.paths import Path
 from .audit import Finding
+from .tuning import KEPT_BOUNDARIES as _KEPT
 
 __all__ = ["Age", "Clock", "Leak", "Verdicts", "ages", "capped", "judge", "store", "variable"]
-
-_KEPT = 4096  # boundaries remembered per optimizer: enough to count a graph's survival up to there
 
 
 class Clock:

@@ -26,12 +26,10 @@ import gc
 import math
 from collections.abc import Callable
 
-from .governor import SHARE, Governor
+from .governor import Governor
+from .tuning import COLLECT_SHARE
 
 __all__ = ["COLLECT_SHARE", "Collector"]
-
-COLLECT_SHARE = SHARE / 4
-"""The most of the wall time the watch's own collections of the young generations may take."""
 
 
 def _collections() -> int:

@@ -16,14 +16,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from .tuning import BACKSTOP_SHARE, SHARE
+
 __all__ = ["BACKSTOP_SHARE", "SHARE", "Governor"]
-
-SHARE = 0.01
-"""The most of the wall time the watch's work may take after the start-up check: the whole of it, the
-boundaries' and backwards' constant-time work included, leaks and storms of old graphs included."""
-
-BACKSTOP_SHARE = SHARE / 10
-"""The part of :data:`SHARE` the backstop may take: audits no signal asked for, for graphs no signal sees."""
 
 
 class Governor:

@@ -23,11 +23,9 @@ from .recipes import Recipe
 from .records import Records, count_repair, measure_before_repairs
 from .repair import repair
 from .threads import ThreadState
+from .tuning import MOST
 
 __all__ = ["MOST", "Known"]
-
-MOST = 16
-"""Holders remembered by name; the least recently found is forgotten first."""
 
 
 class Known:

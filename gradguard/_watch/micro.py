@@ -23,20 +23,12 @@ from .._graph.liveness import Liveness
 from .._graph.stamps import Ledger
 from .audit import Finding
 from .recipes import Recipe
+from .tuning import FOLLOW
+from .tuning import GAP_CAP as _GAP_CAP
+from .tuning import MICRO_FREE as FREE
 
 __all__ = ["FOLLOW", "FREE", "Backoff", "Count", "Decision", "Follow", "count", "decide", "forget_empty", "judge"]
 
-FOLLOW = 16
-"""Micro-batch boundaries a holder found keeping backwarded graphs is read by name without growing before it
-is no longer followed: a GPipe schedule's list (as many graphs at every read) costs that many reads per
-find, a store that grows is judged at its next read."""
-
-FREE = 2
-"""Searches the signal gets at once while they find nothing to follow: the previous micro-batch's record
-may still be named by a local the program rebinds after its backward, so the first search can miss the
-store that the second finds."""
-
-_GAP_CAP = 1024  # micro-batch boundaries between two searches of a signal that keeps finding nothing new
 
 Action = Literal["nothing", "read", "search"]
 

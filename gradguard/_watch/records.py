@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .._policy import stats as _stats
 from .._policy.message import human
@@ -33,8 +33,9 @@ class Records:
     """The holders one watcher found, its counts (``audits``, ``memory``, ``searches``), and the seconds
     its audits took."""
 
-    def __init__(self) -> None:
+    def __init__(self, told: Callable[[str, str, int], None] | None = None) -> None:
         self.lock = threading.Lock()
+        self._told = told  # told(kind, holder, bytes) of each event, for the timeline
         self.history: dict[str, HolderHistory] = {}
         self.counts = {"audits": 0, "memory": 0, "searches": 0, "micro": 0}
         self.spent = 0.0
@@ -78,13 +79,18 @@ class Records:
                     entry.found_at = boundaries  # listed as bounded until now: found leaking here
                 entry.path, entry.fix, entry.tensors, entry.pinned_bytes = named(r), r.fix, r.tensors, r.pinned_bytes
                 entry.nodes, entry.node_bytes, entry.alive = r.nodes, r.node_bytes, any(leak.alive)
-                if clock == "micro" and entry.clock == "step" and entry.audits == 0:
-                    entry.clock = "micro"
+                if clock != "step" and entry.clock == "step" and entry.audits == 0:
+                    entry.clock = clock
                 if clock == entry.clock:
                     entry.survived = max(entry.survived, leak.survived)
                 entry.audits += 1
                 entry.repaired += repaired
                 entry.outcome, entry.why = outcome, why
+                if self._told is not None:
+                    if entry.audits == 1 and outcome != BOUNDED:
+                        self._told("leak-start", leak.finding.key, r.pinned_bytes + r.node_bytes)
+                    kind = BOUNDED if outcome == BOUNDED else "repair" if repaired else "report"
+                    self._told(kind, leak.finding.key, repaired and r.pinned_bytes)
 
     def refilled(self, key: str, released: int) -> tuple[int, int]:
         """A read of holder ``key`` by name released ``released`` tensors; returns the holder's pinned

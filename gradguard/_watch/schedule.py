@@ -18,6 +18,9 @@ from typing import Literal
 from .allocated import AllocatedReader
 from .governor import BACKSTOP_SHARE, SHARE, Governor
 from .trigger import RESIDENT_FLOOR, Trigger, TriggerSettings
+from .tuning import GAP_CAP as _GAP_CAP
+from .tuning import HUNTING_BACKSTOP_SHARE, HUNTING_FIRST, MEMORY_FIRST, OLD, OLD_HUNTING, QUIET, READ_SHARE, STARTUP
+from .tuning import STEP_FREE as FREE
 
 __all__ = [
     "FREE",
@@ -33,46 +36,7 @@ __all__ = [
     "Schedule",
 ]
 
-STARTUP = 2
-"""The start-up check: the first boundaries of a thread, and the first after each entry of a watch, are
-audited whatever the signals say. The first stamps every graph alive; the second, what the first step
-kept after its ``optimizer.step()``: a graph kept from the first step, of any shape, is judged within
-the next three boundaries."""
 
-OLD = 3
-"""A stamp placed ``OLD`` or more boundaries before the current one, still alive, has lived through two:
-the criterion's age for a leak, read in constant time."""
-
-OLD_HUNTING = 2
-"""With ``every=N``, a stamp that lived through one boundary already asks for an audit: a list that
-keeps one record per step is a leak at its second record."""
-
-FREE = 1
-"""Audits a signal gets at once while they find nothing new; one that left graphs pending (a graph still
-usable for backward, followed from then on for a use) gets one follow-up at once too. After that, the
-signal's requests wait for a doubling gap and the governor's share."""
-
-MEMORY_FIRST = 4
-"""How many times its threshold the memory figure must grow before a request of its own is served at once
-(else the governor decides): a big leak is seen early, a replay buffer or a cache costs few audits."""
-
-QUIET = 8
-"""Boundaries without a request of a signal after which its back-off is forgotten: a storm asks at every
-boundary and stays held back, one stray old graph early in a run does not delay a leak that starts later."""
-
-HUNTING_BACKSTOP_SHARE = 0.1
-"""With ``every=N``: the most of the wall time the audits of the backstop may take. Hunting spends time
-to find what no signal sees (a graph kept from a forward that saved no sampled parameter: ``torch.func``'s
-transforms), and its first backstop audit comes once the time since the start-up check is
-:data:`HUNTING_FIRST` times what that check took, so a short run gets one."""
-
-HUNTING_FIRST = 3
-"""With ``every=N``: how many times the start-up check's cost must go by before the backstop's first audit."""
-
-READ_SHARE = 0.0005
-"""The most of the wall time the memory readings may take (within the governor's share)."""
-
-_GAP_CAP = 1024  # boundaries between two requests of a signal that keeps finding nothing new, at most
 _HELD = TriggerSettings(floor=1, fraction=0.0, window=64, boundaries=1, backoff=2.0)
 
 Every = int | Literal["auto"]

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from .._policy import table as _table
 from .._policy.message import display, human, nodes_text, plural
+from .tuning import OLD_ENOUGH
 
 __all__ = ["BOUNDED", "NOTHING", "HolderHistory", "WatchFigures", "WatchRecord", "render", "summarize"]
 
@@ -50,7 +51,8 @@ class HolderHistory:
         released_bytes: Memory the repairs measurably gave back (the memory figure before and after a
             repair; 0 where nothing was measured: then ``pinned_bytes`` is the estimate).
         clock: ``"step"`` when it was found keeping graphs across optimizer steps, ``"micro"`` when found
-            growing across the micro-batches of one step (``survived`` then counts micro-batch boundaries).
+            growing across the micro-batches of one step (``survived`` then counts micro-batch boundaries),
+            ``"idle"`` when found growing while no backward ran and no optimizer stepped.
     """
 
     holder: str
@@ -235,15 +237,19 @@ def summarize(
     several = len(watches) > 1 or any(w.name for w in watches)
     f = functools.reduce(operator.add, [w.figures for w in watches])
     where = f" in {plural(len(watches), 'process')}" if several else ""
-    if not f.boundaries and not f.backwards:
+    idle = not f.boundaries and not f.backwards
+    if idle and not f.audits:
         return f"{title}: no optimizer step and no backward was seen{where}: {nothing}"
     where = f",{where}" if where else ""
     since = "their time since the first" if len(watches) > 1 else "the time since the first"
     share = f" ({100 * f.seconds / f.elapsed:.2f}% of {since})" if f.elapsed > 0 and f.seconds and f.audits else ""
     asked = f", {f.memory_audits} of them for memory growth" if f.memory_audits else ""
     steps = plural(f.boundaries, "step boundary") if f.boundaries else "no optimizer step"
-    micro = f" and {plural(f.backwards, 'micro-batch boundary')} (backwards)" if f.backwards else ""
+    micro = f" ({plural(f.backwards, 'backward')})" if f.backwards else ""
     head = f"{title}: {steps}{micro}, {f.audits} audited{asked}{where}{share}"
+    if idle:
+        looks = plural(f.audits, "look")
+        head = f"{title}: no optimizer step and no backward, {looks} when the memory grew{where}{share}"
     memory = _memory(watches)
     if not f.audits:
         return f"{head}: no audit ran, {nothing}{_clause(memory)}"
@@ -257,6 +263,8 @@ def summarize(
         + _clause(memory)
         + (f"; not audited, so not checked: {', '.join(unaudited)}" if unaudited else "")
     )
+    if not leaks and idle:
+        return f"{head}; no holder's graphs grew from one look to the next{tail}"
     if not leaks:
         followed = f" ({plural(f.stamped, 'graph node')} stamped at backwards and audits)" if f.stamped else ""
         if f.unexplained:
@@ -278,6 +286,7 @@ def summarize(
     across = {
         frozenset({"step"}): "across step boundaries",
         frozenset({"micro"}): "across the micro-batches of a step",
+        frozenset({"idle"}): "that grew while no backward ran and no optimizer stepped",
     }.get(frozenset(clocks), "across micro-batches and step boundaries")
     verdict = (
         f"{head}; {plural(len(leaks), 'holder')} kept autograd graphs {across}{in_processes} "
@@ -351,10 +360,6 @@ def _unexplained(watches: Sequence[WatchRecord], several: bool) -> str:
         f"{'was' if count == 1 else 'were'} alive at the last audit that no holder was found for (garbage "
         "not collected yet, a graph node held directly, or C++ code)"
     )
-
-
-OLD_ENOUGH = 3
-"""Boundaries after which a graph kept since the last audit may have outlived two without an audit."""
 
 
 def _coverage(f: WatchFigures) -> str:

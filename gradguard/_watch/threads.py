@@ -21,23 +21,15 @@ from typing import Any
 
 from .._graph.held import HeldParameters
 from .._graph.stamps import Ledger, Stamp, metadata_of, node_key
+from .allocated import AllocatedReader
 from .criterion import Clock
 from .garbage import Collector
 from .governor import Governor
 from .schedule import Schedule
+from .tuning import DEEP_NODES, DEEP_SHARE, PARAMETER_SAMPLE, READ_SHARE, STAMP_FIRST
 
 __all__ = ["DEEP_NODES", "DEEP_SHARE", "STAMP_FIRST", "ParameterCount", "ThreadState", "arm", "stamp_backward"]
 
-DEEP_SHARE = 0.002
-"""The most of the wall time stamping the nodes nearest below a backward's roots (up to
-:data:`DEEP_NODES`) may take: a record a program keeps is often a tensor a few nodes below the loss (a
-model output, a log-probability), which the root's stamp does not reach."""
-
-STAMP_FIRST = 3
-"""Boundaries of a thread whose backwards are stamped below their roots too, whatever it costs."""
-
-DEEP_NODES = 32
-"""Nodes stamped below the roots, nearest first; with ``every=N`` the whole graph is."""
 
 _clock = time.perf_counter
 
@@ -49,7 +41,7 @@ class ParameterCount:
     __slots__ = ("_optimizers", "last", "name", "read")
 
     def __init__(self, optimizers: tuple[Any, ...]) -> None:
-        self.read = HeldParameters(optimizers)
+        self.read = HeldParameters(optimizers, PARAMETER_SAMPLE)
         self.name = "parameters of " + ", ".join(type(o).__name__ for o in optimizers)
         self.last: int | None = None
         self._optimizers = [weakref.ref(o) for o in optimizers]
@@ -86,6 +78,7 @@ class ThreadState:
         "micro_at_step",
         "micro_backoff",
         "owner",
+        "reader",
         "partners",
         "promotions",
         "refilling",
@@ -121,6 +114,11 @@ class ThreadState:
         self.following: dict[str, Any] = {}  # holders the micro-batch clock reads by name (see micro.py)
         self.micro_backoff: Any = None  # the micro-batch clock's requests (see micro.py)
         self.owner = threading.get_ident()  # the thread whose boundaries these are
+        self.reader: AllocatedReader | None = (  # the memory figure at micro-batch boundaries, for the timeline
+            None
+            if schedule.reader is None
+            else AllocatedReader(cpu=schedule.reader.cpu_source or "off", share=READ_SHARE)
+        )
 
 
 class _Rate:

@@ -17,15 +17,16 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .tuning import TIMELINE_FIRST as _FIRST
+from .tuning import TIMELINE_KEYS as _KEYS
+from .tuning import TIMELINE_TEXT as _TEXT
+
 __all__ = ["CLOCKS", "EVENTS", "FORMAT", "VERSION", "Timeline"]
 
 FORMAT = "gradguard-timeline"
 VERSION = 1
 CLOCKS = ("step", "micro")
 EVENTS = ("audit", "leak-start", "report", "repair", "bounded")
-_FIRST = 8  # events kept per holder and kind (the latest one is kept besides)
-_KEYS = 256  # (holder, kind) pairs with events of their own; the others are only counted
-_TEXT = 400  # characters of an event's text kept
 _COLUMNS = ("step", "micro", "seconds", "memory_min", "memory_max", "nodes_min", "nodes_max", "count")
 
 # A bucket: [step, micro, seconds, memory_min, memory_max, nodes_min, nodes_max, count], the step, micro and

@@ -15,11 +15,9 @@ from collections.abc import Mapping
 
 from .._policy.message import human
 from .._policy.validate import number, whole
+from .tuning import RESIDENT_FLOOR, TRIGGER_BACKOFF, TRIGGER_BOUNDARIES, TRIGGER_FLOOR, TRIGGER_FRACTION, TRIGGER_WINDOW
 
 __all__ = ["RESIDENT_FLOOR", "Request", "Trigger", "TriggerSettings"]
-
-RESIDENT_FLOOR = 16 * 1024 * 1024
-"""``floor`` for a CPU figure that is the resident set (``AllocatedReader.cpu_source == "statm"``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,11 +40,11 @@ class TriggerSettings:
         GradGuardError: a bad value, naming it and what is accepted.
     """
 
-    floor: int = 256 * 1024
-    fraction: float = 1 / 1024
-    window: int = 64
-    boundaries: int = 2
-    backoff: float = 2.0
+    floor: int = TRIGGER_FLOOR
+    fraction: float = TRIGGER_FRACTION
+    window: int = TRIGGER_WINDOW
+    boundaries: int = TRIGGER_BOUNDARIES
+    backoff: float = TRIGGER_BACKOFF
 
     def __post_init__(self) -> None:
         within = "TriggerSettings"

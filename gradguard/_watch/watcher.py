@@ -20,12 +20,13 @@ from typing import Any
 
 import torch
 
+from .._errors import GraphRetentionError
 from .._graph.stamps import Ledger
 from .._heap.census import promotions
 from .._policy.modes import DETACH, OFF, Mode, normalize_mode, resolve
-from . import backwards
+from . import backwards, idle
 from .audit import Ignore, RetentionReport, check_ignore
-from .auditing import Auditor
+from .auditing import Auditor, Pile
 from .governor import Governor
 from .known import Known
 from .options import Every, parse_every, parse_memory, parse_optimizers
@@ -33,6 +34,7 @@ from .records import STORE, Records, memory_clause
 from .schedule import Reason, Schedule
 from .summary import HolderHistory, WatchFigures, render
 from .threads import ParameterCount, ThreadState, stamp_backward
+from .timeline import Timeline
 from .trigger import TriggerSettings
 
 __all__ = ["STORE", "Every", "HolderHistory", "Watcher"]
@@ -82,10 +84,19 @@ class Watcher:
         self.memory: TriggerSettings | None = parse_memory(memory, self.every)
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._records = Records()
+        self.timeline = Timeline()
+        """What each boundary of both clocks read (the memory figure) and the events (audits, each holder's
+        leak start, report and repair), bounded: ``gradguard run``'s reports and page, the callbacks' scalars."""
+        self._timeline_lock = threading.Lock()  # the timeline's buffers are folded by one thread at a time
+        self._started = _clock()
+        # The parts it owns call back into it weakly: a watcher nobody holds is freed at once (its backward
+        # listener with it), not at the collector's next run, so a dropped one never acts at later backwards.
+        self._records = Records(_weak(self, Watcher._told, None))
         self._known = Known()
         self._governor = Governor(_clock)
-        self._auditor = Auditor(self._ignore, self._records, self._known, self._governor, self._boundaries)
+        self._auditor = Auditor(
+            self._ignore, self._records, self._known, self._governor, _weak(self, Watcher._boundaries, 0)
+        )
         self._states: list[ThreadState] = []
         self._primary: ThreadState | None = None  # the state of the thread that stepped last
         self._entry = 0  # entries of the watch (starts): each one's first boundaries are a start-up check
@@ -94,6 +105,9 @@ class Watcher:
         self._listeners: list[Callable[[Watcher, BaseException | None], None]] = []
         self._backwards: backwards.Handle | None = None
         self._promotions: tuple[int, int] | None = None  # the collector's when the watcher started following
+        self._ticked = False  # a boundary of either clock was seen: the idle looks are over
+        self._piles: dict[str, Pile] = {}  # what the idle looks saw
+        self._idle_error: GraphRetentionError | None = None  # the idle verdict, raised when the scope leaves
 
     def __repr__(self) -> str:
         return f"gradguard.Watcher(every={self.every!r}, mode={self.mode!r})"
@@ -111,9 +125,15 @@ class Watcher:
                 self._failures = backwards.failures()
                 self._backwards = handle = backwards.listen(_weak_listener(self))
                 weakref.finalize(self, handle.remove)  # a watcher dropped without close()
+        if not self._ticked:
+            idle.follow(self)
 
     def close(self) -> None:
-        """Stop following backwards; what the watcher found stays readable. It starts again at the next boundary."""
+        """Stop following backwards; what the watcher found stays readable. It starts again at the next boundary.
+
+        A watcher that saw no boundary of either clock concludes its idle looks here (:meth:`conclude`)."""
+        self._idle_error = self.conclude()
+        idle.retire(self)
         with self._lock:
             handle, self._backwards = self._backwards, None
             if handle is not None:
@@ -123,6 +143,7 @@ class Watcher:
 
     def _on_backward(self, roots: Sequence[Any], nested: bool) -> backwards.After | None:
         start = _clock()  # finding the thread's state is the watch's work too
+        self._ticked = True
         try:
             state: ThreadState = self._local.state
         except AttributeError:
@@ -145,6 +166,11 @@ class Watcher:
         if mode == OFF:
             self._governor.signals += _clock() - start
             return
+        reader = state.reader
+        if reader is not None:
+            readings = reader()  # rationed: most boundaries read nothing, and put no point on the timeline
+            if readings:
+                self._point("micro", state, sum(readings.values()))
         if state.ledger.micro_old(state.micro) is None and not state.following:
             self._governor.signals += _clock() - start  # the common boundary: no graph of an earlier backward
             return
@@ -153,6 +179,8 @@ class Watcher:
         acted = False
         try:
             decision, acted = self._auditor.micro(state, mode, self.every != "auto")
+            if decision.action == "search":
+                self._told("audit", "")
             acted = acted or decision.action == "search"
         except BaseException as error:
             raised = error
@@ -219,6 +247,7 @@ class Watcher:
             state = self._state()
         if state.busy:
             return None
+        self._ticked = True
         sequence = _sequence_nr()
         if sequence == state.sequence and source not in state.stepped:
             # another optimizer (or a callback) at the same step: one boundary, which ages its graphs too
@@ -235,6 +264,7 @@ class Watcher:
         held = state.held.get(source) or self._meet(state, source, optimizers)
         boundary = state.clock.tick(source)
         self._primary = state
+        self._point("step", state, sum(state.schedule.readings.values()) if state.schedule.readings else None)
         if not state.backwards and boundary > 1:
             state.unseen += 1
         state.backwards = 0
@@ -288,6 +318,55 @@ class Watcher:
         if reason is None:
             return None
         return self._run_audit(state, boundary, reason, sources, optimizers, mode)
+
+    def _point(self, clock: str, state: ThreadState, memory: int | None) -> None:
+        """One boundary on the timeline (its step count, the thread's backwards, the memory figure if read)."""
+        with self._timeline_lock:
+            self.timeline.point(clock, state.clock.boundaries, state.micro, memory, None, _clock() - self._started)
+
+    def _told(self, kind: str, holder: str, bytes: int = 0) -> None:
+        """An event on the timeline, at the watch's boundaries so far."""
+        micro = sum(s.micro for s in self._states)
+        with self._timeline_lock:
+            self.timeline.event(kind, holder, self._boundaries(), micro, _clock() - self._started, bytes)
+
+    def ticked(self) -> bool:
+        """Whether a boundary of either clock was seen.
+
+        Returns:
+            ``True`` once a backward or an optimizer step was seen (the idle looks are over then).
+        """
+        return self._ticked
+
+    def _idle_look(self) -> bool:
+        """An idle look (see :mod:`gradguard._watch.idle`), from the idle thread; whether a holder grew."""
+        if self._ticked:
+            return False
+        return self._auditor.look_idle(self._piles)
+
+    def _idle_read(self) -> bool:
+        """Between idle looks, from the idle thread: the holders they found, read by name; whether one grew."""
+        if self._ticked or not self._piles:
+            return False
+        return self._auditor.read_idle(self._piles)
+
+    def conclude(self) -> GraphRetentionError | None:
+        """The idle looks' verdict, once: when no boundary of either clock was seen, the holders whose graphs
+        grew from one look to the next kept graphs no backward used; they are noted (the summary's rows) and
+        acted on by the mode in force: ``warn`` and ``detach`` warn once each (nothing is repaired: no
+        backward showed the graphs dead), ``raise`` returns the error for the caller to raise (a
+        :class:`watch` scope raises it as it leaves, ``gradguard run`` fails the run with it).
+
+        Returns:
+            The :class:`GraphRetentionError` of ``raise`` mode, or ``None``.
+        """
+        piles, self._piles = self._piles, {}
+        if self._ticked or not piles:
+            return None
+        mode = self.mode or resolve(None)
+        if mode == OFF:
+            return None
+        return self._auditor.conclude_idle(piles, mode)
 
     def _meet(self, state: ThreadState, source: Hashable, optimizers: tuple[Any, ...]) -> ParameterCount:
         """This optimizer's first boundary in this thread."""
@@ -368,6 +447,7 @@ class Watcher:
                 partial=young,
             )
             state.sequence = torch.autograd._get_sequence_nr()
+            self._told("audit", "")
             for listener in list(self._listeners):
                 listener(self, raised)
             raised = None
@@ -537,6 +617,17 @@ class Watcher:
         with self._lock:
             states = list(self._states)
         return memory_clause([s.schedule for s in states], self._records.pinned())
+
+
+def _weak(watcher: Watcher, method: Callable[..., Any], dead: Any) -> Callable[..., Any]:
+    """``method`` of ``watcher``, called through a weak reference (``dead`` once the watcher is gone)."""
+    ref = weakref.ref(watcher)
+
+    def call(*args: Any) -> Any:
+        target = ref()
+        return dead if target is None else method(target, *args)
+
+    return call
 
 
 def _weak_listener(watcher: Watcher) -> backwards.Listener:

@@ -261,7 +261,7 @@ def test_a_clean_run_exits_0_and_says_what_it_checked(tmp_path: Path) -> None:
     run = _run(tmp_path, "train.py", CHILDREN, "train.py")
     assert run["code"] == 0, run["err"]
     head = run["summary"].splitlines()[1]
-    assert head.startswith("gradguard watch: 6 step boundaries, ") and ", in 3 processes" in head
+    assert head.startswith("gradguard watch: 6 step boundaries (") and ", in 3 processes" in head
     assert "; no graph the watch followed outlived two step boundaries" in head
     assert [row[1] for row in _rows(run["summary"], "process")] == ["3", "3"]
     assert "that imported torch but ran no optimizer step: pid " in run["summary"]  # the parent: said, not "clean"

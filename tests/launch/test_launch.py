@@ -221,7 +221,7 @@ def test_the_start_up_benchmark_quick_run(tmp_path: Path) -> None:
     assert [c["reports_written"] for c in doc["cases"]] == [0, 0, 2]  # only `import torch` is reached
 
 
-def test_the_launcher_imports_no_torch_and_of_the_watch_only_its_summary(tmp_path: Path) -> None:
+def test_the_launcher_imports_no_torch_and_of_the_watch_only_its_summary_and_numbers(tmp_path: Path) -> None:
     """``gradguard run``'s own process: an interpreter's start-up, the launcher's modules and the watch's
     records and renderer, nothing more (``-X importtime`` lists what this process imported; the command, its
     child, is not listed)."""
@@ -235,7 +235,7 @@ def test_the_launcher_imports_no_torch_and_of_the_watch_only_its_summary(tmp_pat
     assert "gradguard._launch.commands" in imported and "gradguard._launch._merge" in imported
     heavy = sorted(m for m in imported if m.split(".")[0] in ("torch", "numpy"))
     watch = sorted(m for m in imported if m.startswith("gradguard._watch"))
-    assert heavy == [] and watch == ["gradguard._watch", "gradguard._watch.summary"]
+    assert heavy == [] and watch == ["gradguard._watch", "gradguard._watch.summary", "gradguard._watch.tuning"]
 
 
 LAZY = """

@@ -33,10 +33,10 @@ def test_a_run_that_nothing_reported_to_says_why_that_can_be_and_claims_nothing_
 
 def test_processes_that_ran_no_optimizer_step_are_not_called_clean() -> None:
     one = _merge.merge(records(process(top=True)))
-    assert one.text.splitlines()[-1] == "gradguard watch: no optimizer step was seen: nothing was checked"
+    assert one.text.splitlines()[-1] == "gradguard watch: no optimizer step and no backward was seen: nothing was checked"
     two = _merge.merge(records(process(top=True), process(pid=101)))
     assert two.text.splitlines()[-2:] == [
-        "gradguard watch: no optimizer step was seen in 2 processes: nothing was checked",
+        "gradguard watch: no optimizer step and no backward was seen in 2 processes: nothing was checked",
         "(pid 100 (the command), pid 101 imported torch but ran no optimizer step)",
     ]
     unaudited = _merge.merge(records(process(top=True, boundaries=3, every=5)))

@@ -374,7 +374,7 @@ def test_gradguard_env_then_gradguard_report_as_a_cluster_job_would(tmp_path: Pa
     trained, merged = run.stdout.split("gradguard stats:")  # the task's output, then gradguard report's
     summary = ("gradguard stats:" + merged).splitlines()
     steps = trained.count("stepping")
-    assert summary[1].startswith(f"gradguard watch: {steps} step boundaries, ") and ", in 1 process" in summary[1]
+    assert summary[1].startswith(f"gradguard watch: {steps} step boundaries (") and ", in 1 process" in summary[1]
     assert _row(merged, "__main__:HISTORY[*]['loss']")[:2] == ["__main__:HISTORY[*]['loss']", "rank 1 of 2"]
     assert summary[-1].startswith("gradguard report: no report from rank 0 of 2: not checked in this run")
     exported = json.loads(
@@ -431,6 +431,6 @@ def test_a_store_refusal_is_in_the_summary(tmp_path: Path) -> None:
     assert summary[1].split() == ["store", "site", "records", "tensors", "detached", "released", "(est.)", "refused"]
     assert summary[3].split() == ["metrics", f"{tmp_path / 'train.py'}:4", "1", "0", "0", "B", "1"]
     assert summary[4] == (
-        "gradguard watch: no optimizer step was seen: no step boundary was checked"
+        "gradguard watch: no optimizer step and no backward was seen: no step boundary was checked"
         " (the guarded stores' records were: above)"
     )

@@ -126,7 +126,7 @@ def test_a_short_clean_run_is_checked_and_said_so() -> None:
             opt.step()
             opt.zero_grad()
     text = scope.watcher.summary()
-    assert text.startswith("gradguard watch: 6 step boundaries, ") and scope.watcher.audits >= 1
+    assert text.startswith("gradguard watch: 6 step boundaries (") and scope.watcher.audits >= 1
     assert "nothing was checked" not in text and scope.watcher.history() == []
 
 

@@ -447,7 +447,7 @@ def test_a_summary_of_a_clean_run_says_what_was_checked(figure: FakeReader) -> N
             model(torch.randn(4, 8)).pow(2).mean().backward()
             opt.step()
     text = scope.watcher.summary()
-    assert f"20 step boundaries, {STARTUP} audited" in text
+    assert f"20 step boundaries (20 backwards), {STARTUP} audited" in text
     assert "no graph the watch followed outlived two step boundaries" in text
     assert "graph nodes stamped at backwards and audits" in text
     # what the signals cannot see is said, with the boundaries since the last audit

@@ -84,10 +84,11 @@ def test_a_clean_loop_is_never_a_leak_though_the_audit_sees_its_graphs() -> None
     trainer, watcher = Trainer(), gradguard.Watcher(every=1, mode="raise", ignore=elsewhere)
     store: list[Any] = []
     for _ in range(4):
-        store.clear()  # Megatron's forward_data_store: one record per micro-batch, emptied every step
+        store.clear()  # emptied every step: one record per micro-batch, of graphs no backward ran through
         for _ in range(2):
-            loss, out = trainer.forward()
-            outputs = {"out": out, "loss": loss}  # the current step's own outputs, frame locals
+            loss, _ = trainer.forward()
+            _, out = trainer.forward()  # an evaluation forward of the same step, kept for its metric
+            outputs = {"out": out}  # the current step's own outputs, frame locals
             store.append(outputs)
             loss.backward()
         trainer.model.last_out = out  # a module attribute overwritten by every forward
@@ -228,7 +229,8 @@ def test_ignore_leaves_a_graph_kept_on_purpose_alone() -> None:
     watcher = gradguard.Watcher(every=1, mode="raise", ignore=lambda r: elsewhere(r) or r.path.startswith(on_purpose))
     trainer = Trainer()
     _loss_only(trainer, 3, lambda loss: (KEPT.append(loss), watcher.boundary()))
-    assert watcher.audits == 3 and watcher.history() == []
+    # the step clock's three audits; the micro-batch clock's searches (what KEPT keeps is ignored) besides
+    assert watcher.audits - watcher.figures().micro_searches == 3 and watcher.history() == []
     with pytest.raises(gradguard.GradGuardError, match="ignore=42 is not accepted"):
         gradguard.Watcher(ignore=42)
 
