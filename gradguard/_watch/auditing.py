@@ -34,11 +34,11 @@ from .._policy import stats as _stats
 from .._policy.modes import DETACH, OFF, RAISE, WARN, Mode, resolve
 from .._policy.site import user_frame, warn_at
 from .audit import Finding, Retention, RetentionReport, scan_lock, scan_tensors
-from .criterion import Leak, ages, judge, store
+from .criterion import Leak, ages, judge
 from .governor import Governor
 from .known import Known
 from .messages import IDLE, MICRO, raise_message, unrepaired_message, warn_message
-from .micro import Backoff, Decision, count, decide, forget_empty
+from .micro import Backoff, Decision, count, decide, forget_empty, judged
 from .micro import judge as judge_micro
 from .recipes import Recipe
 from .records import STORE, Records, count_repair, measure_before_repairs
@@ -404,9 +404,9 @@ class Auditor:
         findings, _ = scan_tensors(tensors, self._ignore, set(), liveness)
         del tensors, model
         following = state.following
-        before = len(following)
+        new = False
         for finding in findings:
-            if not store(finding):
+            if not judged(finding):
                 continue
             follow = following.get(finding.key)
             if follow is not None and follow.recipe is not None:
@@ -414,8 +414,13 @@ class Auditor:
             counted = count(finding, micros, n, liveness, state.ledger)
             if judge_micro(finding, counted, following, step, by_name=False):
                 leaks.append(_micro_leak(finding, counted.dead, micros, n))
+            if finding.key in following and finding.key not in state.followed:
+                state.followed.add(finding.key)
+                new = True
         del findings, liveness
-        return len(following) > before or bool(leaks)
+        # Found something only when a holder is followed for the first time (or leaks): one followed before
+        # and dropped since (it stopped growing) does not make the next searches free again.
+        return new or bool(leaks)
 
     def look_idle(self, piles: dict[str, Pile]) -> bool:
         """An idle look: every graph tensor alive and its holder, noted in ``piles`` by holder (what the look

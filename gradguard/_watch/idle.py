@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from .allocated import AllocatedReader
+from .audit import scan_lock
 from .trigger import Trigger, TriggerSettings
 from .tuning import IDLE_PERIOD
 
@@ -87,7 +88,8 @@ def following() -> int:
 def _alone() -> Iterator[None]:
     """The program's threads wait while a look or a read runs (as they do for a collection): what the census
     listed must still be what the frames hold when the search reads them. Python switches threads only
-    after this interval, and nothing a look runs releases the interpreter lock."""
+    after this interval, and nothing a look runs releases the interpreter lock (the search's lock is taken
+    before, without waiting)."""
     interval = sys.getswitchinterval()
     sys.setswitchinterval(_ALONE)
     try:
@@ -112,10 +114,14 @@ def _run() -> None:
             readings = figure.reader()
             if not readings or figure.trigger.observe(readings) is None:
                 continue
-            with _alone():
-                try:
+            if not scan_lock.acquire(blocking=False):
+                continue  # an audit runs now (it stamps what it sees): the next rise asks again
+            try:
+                with _alone():
                     found = watcher._idle_read() or watcher._idle_look()
-                except Exception:  # noqa: BLE001 - a look must never end the program: it is only not taken
-                    found = False
+            except Exception:  # noqa: BLE001 - a look must never end the program: it is only not taken
+                found = False
+            finally:
+                scan_lock.release()
             figure.trigger.audited(found)
         del pairs, watcher, figure  # between looks, the thread keeps no watcher alive

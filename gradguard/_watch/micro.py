@@ -21,13 +21,27 @@ from typing import Any, Literal, NamedTuple
 
 from .._graph.liveness import Liveness
 from .._graph.stamps import Ledger
+from .._heap.ownership import path_owners
 from .audit import Finding
+from .criterion import store
 from .recipes import Recipe
 from .tuning import FOLLOW
 from .tuning import GAP_CAP as _GAP_CAP
 from .tuning import MICRO_FREE as FREE
 
-__all__ = ["FOLLOW", "FREE", "Backoff", "Count", "Decision", "Follow", "count", "decide", "forget_empty", "judge"]
+__all__ = [
+    "FOLLOW",
+    "FREE",
+    "Backoff",
+    "Count",
+    "Decision",
+    "Follow",
+    "count",
+    "decide",
+    "forget_empty",
+    "judge",
+    "judged",
+]
 
 
 Action = Literal["nothing", "read", "search"]
@@ -126,6 +140,16 @@ class Count(NamedTuple):
 
     dead: list[int]
     total: int
+
+
+def judged(finding: Finding) -> bool:
+    """Whether the micro-batch clock judges this holder: a store (see
+    :func:`~gradguard._watch.criterion.store`) that is not torch's own state (a pipelining schedule keeps
+    each micro-batch's loss until its step returns them: torch's design, released by the engine adapter)."""
+    if not store(finding):
+        return False
+    owners = path_owners(finding.paths[0])
+    return not owners or owners[-1].label != "torch"
 
 
 def count(finding: Finding, micros: dict[Any, int], before: int, liveness: Liveness, ledger: Ledger) -> Count:

@@ -71,6 +71,7 @@ class ThreadState:
         "deep",
         "entry",
         "first",
+        "followed",
         "following",
         "held",
         "ledger",
@@ -112,6 +113,7 @@ class ThreadState:
         self.micro = 0  # backwards stamped into this ledger (not nested): the micro-batch clock
         self.micro_at_step = 0  # that count at the last step boundary
         self.following: dict[str, Any] = {}  # holders the micro-batch clock reads by name (see micro.py)
+        self.followed: set[str] = set()  # every holder it has followed
         self.micro_backoff: Any = None  # the micro-batch clock's requests (see micro.py)
         self.owner = threading.get_ident()  # the thread whose boundaries these are
         self.reader: AllocatedReader | None = (  # the memory figure at micro-batch boundaries, for the timeline
