@@ -20,7 +20,7 @@ import collections
 import itertools
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 __all__ = [
@@ -435,16 +435,43 @@ def epochs_below(
     return found
 
 
+Span = tuple[int, int, int]
+
+
 def _walk(
     root: Any,
     ledger: Ledger,
     keys: frozenset[Key],
-    memo: dict[Any, tuple[int, int, int] | None],
+    memo: dict[Any, Span | None],
     stop: set[Any] | None,
     collect: list[Any] | None,
 ) -> None:
-    """Post-order over ``root``'s graph, without recursion: ``memo[node]`` is the earliest stamp epoch
-    below, and the earliest and latest first-stamped epochs."""
+    """``memo[node]``: the earliest stamp epoch at or below it, and the earliest and latest first-stamped epochs."""
+
+    def own(node: Any) -> Span | None:
+        found = ledger.stamp(node, keys)
+        if found is None:
+            return None
+        if collect is not None:
+            collect.append(node)
+        first = ledger.first(node, found) if found.used else found.epoch
+        return found.epoch, first, first
+
+    def merge(a: Span, b: Span) -> Span:
+        return min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2])
+
+    _post_order(root, memo, stop, own, merge)
+
+
+def _post_order(
+    root: Any,
+    memo: dict[Any, Any],
+    stop: set[Any] | None,
+    own: Callable[[Any], Any],
+    merge: Callable[[Any, Any], Any],
+) -> None:
+    """Post-order over ``root``'s graph, without recursion: ``memo[node]`` is ``own(node)`` merged with what its
+    children's are (``None`` where there is nothing); the walk does not go into ``stop``'s nodes."""
     stack: list[tuple[Any, bool]] = [(root, False)]
     while stack:
         node, expanded = stack.pop()
@@ -457,22 +484,12 @@ def _walk(
             stack.append((node, True))
             stack.extend((child, False) for child, _ in node.next_functions if child is not None and child not in memo)
             continue
-        own = ledger.stamp(node, keys)
-        if own is None:
-            low = first_low = first_high = None
-        else:
-            low = own.epoch
-            first_low = first_high = ledger.first(node, own) if own.used else own.epoch
-            if collect is not None:
-                collect.append(node)
-        del own
+        value = own(node)
         for child, _ in node.next_functions:
-            epochs = memo.get(child) if child is not None else None
-            if epochs is not None:
-                low = epochs[0] if low is None else min(low, epochs[0])
-                first_low = epochs[1] if first_low is None else min(first_low, epochs[1])
-                first_high = epochs[2] if first_high is None else max(first_high, epochs[2])
-        memo[node] = None if low is None or first_low is None or first_high is None else (low, first_low, first_high)
+            below = memo.get(child) if child is not None else None
+            if below is not None:
+                value = below if value is None else merge(value, below)
+        memo[node] = value
 
 
 def micros_below(roots: Iterable[Any], ledger: Ledger, stop: set[Any] | None = None) -> dict[Any, int]:
@@ -480,39 +497,19 @@ def micros_below(roots: Iterable[Any], ledger: Ledger, stop: set[Any] | None = N
     ran through it); roots whose graph holds none are left out. The walk does not go into ``stop``'s nodes.
     Each node is visited once for all the roots."""
     keys = ledger.keys()
-    memo: dict[Any, int] = {}
+    memo: dict[Any, int | None] = {}
+
+    def own(node: Any) -> int | None:
+        found = ledger.stamp(node, keys)
+        return found.micro or None if found is not None else None
+
     found: dict[Any, int] = {}
     for root in roots:
         if root is None:
             continue
         if root not in memo:
-            _walk_micro(root, ledger, keys, memo, stop)
+            _post_order(root, memo, stop, own, min)
         micro = memo[root]
         if micro:
             found[root] = micro
     return found
-
-
-def _walk_micro(root: Any, ledger: Ledger, keys: frozenset[Key], memo: dict[Any, int], stop: set[Any] | None) -> None:
-    """Post-order over ``root``'s graph, without recursion: ``memo[node]`` is the earliest backward's number
-    below it (0: none)."""
-    stack: list[tuple[Any, bool]] = [(root, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if not expanded:
-            if node in memo:
-                continue
-            memo[node] = 0
-            if stop and node in stop and node is not root:
-                continue
-            stack.append((node, True))
-            stack.extend((child, False) for child, _ in node.next_functions if child is not None and child not in memo)
-            continue
-        own = ledger.stamp(node, keys)
-        low = own.micro if own is not None else 0
-        del own
-        for child, _ in node.next_functions:
-            below = memo.get(child, 0) if child is not None else 0
-            if below and (not low or below < low):
-                low = below
-        memo[node] = low

@@ -36,7 +36,7 @@ from .._policy.site import user_frame, warn_at
 from .audit import Finding, Retention, RetentionReport, scan_lock, scan_tensors
 from .criterion import Leak, ages, judge
 from .governor import Governor
-from .known import Known
+from .known import Known, repair_dead
 from .messages import IDLE, MICRO, raise_message, unrepaired_message, warn_message
 from .micro import Backoff, Decision, count, decide, forget_empty, judged
 from .micro import judge as judge_micro
@@ -376,19 +376,8 @@ class Auditor:
         """``detach``: the dead graphs a leaking holder took since, which an earlier backward ran through,
         repaired (the holder was judged a leak; detaching a dead graph cannot change a gradient)."""
         kept = [(t, path) for t, path in pairs if 0 < micros.get(t.grad_fn, 0) < n]
-        if not kept:
-            return
-        tensors = [t for t, _ in kept]
-        liveness = Liveness({t.grad_fn for t in tensors})
-        alive = [liveness.state(t.grad_fn).alive for t in tensors]
-        del liveness
-        if all(alive):
-            return
-        measure_before_repairs(state)
-        done = repair([path for _, path in kept], tensors, alive)
-        del kept, tensors
-        pinned, each = self._records.refilled(key, done.released)
-        count_repair(state, key, done, pinned, each * done.released)
+        repair_dead(state, key, kept, self._records)
+        del kept
 
     def _search_micro(self, state: ThreadState, n: int, step: int, leaks: list[Leak]) -> bool:
         """Search the heap for the holders of the graphs earlier backwards ran through; judge each store

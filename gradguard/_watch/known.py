@@ -16,8 +16,11 @@ import collections
 import threading
 from collections.abc import Hashable, Iterable
 
+import torch
+
 from .._graph.liveness import Liveness
 from .._graph.stamps import oldest_below
+from .._heap.paths import Path
 from .criterion import Leak
 from .recipes import Recipe
 from .records import Records, count_repair, measure_before_repairs
@@ -25,7 +28,7 @@ from .repair import repair
 from .threads import ThreadState
 from .tuning import MOST
 
-__all__ = ["MOST", "Known"]
+__all__ = ["MOST", "Known", "repair_dead"]
 
 
 class Known:
@@ -96,18 +99,25 @@ class Known:
                 if born is not None and state.clock.survived(source, born) >= 1:
                     pairs.append((t, path))
             del found
-            if not pairs:
-                continue
-            tensors = [t for t, _ in pairs]
-            liveness = Liveness({t.grad_fn for t in tensors})
-            alive = [liveness.state(t.grad_fn).alive for t in tensors]
-            del liveness
-            if all(alive):
-                continue
-            measure_before_repairs(state)
-            done = repair([path for _, path in pairs], tensors, alive)
-            del pairs, tensors
-            pinned, each = records.refilled(recipe.key, done.released)
-            count_repair(state, recipe.key, done, pinned, each * done.released)
+            repair_dead(state, recipe.key, pairs, records)
+            del pairs
         state.refilling = state.refilling or filling
         return others
+
+
+def repair_dead(state: ThreadState, key: str, pairs: list[tuple[torch.Tensor, Path]], records: Records) -> None:
+    """Repair the dead graphs among ``pairs`` (tensors of holder ``key`` judged a leak, with their paths), and
+    count what the repairs released: detaching a dead graph cannot change a gradient."""
+    if not pairs:
+        return
+    tensors = [t for t, _ in pairs]
+    liveness = Liveness({t.grad_fn for t in tensors})
+    alive = [liveness.state(t.grad_fn).alive for t in tensors]
+    del liveness
+    if all(alive):
+        return
+    measure_before_repairs(state)
+    done = repair([path for _, path in pairs], tensors, alive)
+    del tensors
+    pinned, each = records.refilled(key, done.released)
+    count_repair(state, key, done, pinned, each * done.released)
