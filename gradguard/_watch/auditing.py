@@ -38,7 +38,7 @@ from .criterion import Leak, ages, judge
 from .governor import Governor
 from .known import Known, repair_dead
 from .messages import IDLE, MICRO, raise_message, unrepaired_message, warn_message
-from .micro import Backoff, Decision, count, decide, forget_empty, judged
+from .micro import Decision, Searches, count, decide, forget_empty, judged
 from .micro import judge as judge_micro
 from .recipes import Recipe
 from .records import STORE, Records, count_repair, measure_before_repairs
@@ -291,7 +291,7 @@ class Auditor:
         start = _clock()
         backoff = state.micro_backoff
         if backoff is None:
-            backoff = state.micro_backoff = Backoff()
+            backoff = state.micro_backoff = Searches()
         step = state.clock.boundaries
         leaks: list[Leak] = []
         seen: set[int] = set()

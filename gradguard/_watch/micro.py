@@ -23,16 +23,16 @@ from .._graph.liveness import Liveness
 from .._graph.stamps import Ledger
 from .._heap.ownership import path_owners
 from .audit import Finding
+from .backoff import Backoff
 from .criterion import store
 from .recipes import Recipe
 from .tuning import FOLLOW
-from .tuning import GAP_CAP as _GAP_CAP
 from .tuning import MICRO_FREE as FREE
 
 __all__ = [
     "FOLLOW",
     "FREE",
-    "Backoff",
+    "Searches",
     "Count",
     "Decision",
     "Follow",
@@ -55,28 +55,17 @@ class Decision(NamedTuple):
 
 
 @dataclasses.dataclass
-class Backoff:
-    """The micro-batch signal's searches: how many in a row found nothing to follow, and when it may search
-    again (a micro-batch number)."""
+class Searches(Backoff):
+    """The micro-batch signal's searches (see :class:`~gradguard._watch.backoff.Backoff`; its boundaries are
+    micro-batch numbers), and the requests declined."""
 
-    misses: int = 0
-    gap: int = 1
-    next_at: int = 0
-    cost: float = 0.0  # the last search's
     declined: int = 0  # requests the back-off or the budget declined
     searches: int = 0
 
     def searched(self, micro: int, cost: float, found: bool) -> None:
         """A search at micro-batch ``micro`` took ``cost`` seconds; ``found``: it found a holder to follow."""
-        self.cost = cost
         self.searches += 1
-        if found:
-            self.misses, self.gap, self.next_at = 0, 1, 0
-        else:
-            self.misses += 1
-            if self.misses >= FREE:
-                self.next_at = micro + self.gap
-                self.gap = min(2 * self.gap, _GAP_CAP)
+        self.handled(micro, cost, found, FREE)
 
 
 @dataclasses.dataclass
@@ -97,7 +86,7 @@ class Follow:
 def decide(
     old: int | None,
     explained: bool,
-    backoff: Backoff,
+    backoff: Searches,
     micro: int,
     hunting: bool,
     affords: Callable[[float], bool],

@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 from typing import Literal
 
 from .allocated import AllocatedReader
+from .backoff import Backoff
 from .governor import BACKSTOP_SHARE, SHARE, Governor
 from .trigger import RESIDENT_FLOOR, Trigger, TriggerSettings
-from .tuning import GAP_CAP as _GAP_CAP
 from .tuning import HUNTING_BACKSTOP_SHARE, HUNTING_FIRST, MEMORY_FIRST, OLD, OLD_HUNTING, QUIET, READ_SHARE, STARTUP
 from .tuning import STEP_FREE as FREE
 
@@ -45,13 +45,9 @@ _SIGNAL: dict[str, str] = {"old": "old", "retry": "retry", "held": "held", "memo
 
 
 @dataclasses.dataclass
-class _Backoff:
-    """One signal's requests: how many audits for it in a row found nothing new, and when it may ask again."""
+class _Backoff(Backoff):
+    """One step signal's requests (see :class:`~gradguard._watch.backoff.Backoff`), and its follow-up."""
 
-    misses: int = 0
-    gap: int = 1
-    next_at: int = 0
-    cost: float = 0.0  # its last audit's
     follow: bool = False  # the next request follows up on graphs the last audit left pending
     asked_at: int = 0  # the boundary of its last request
 
@@ -354,15 +350,8 @@ class Schedule:
         found before): one that found nothing new doubles the signal's gap, unless it left graphs pending
         and was no follow-up itself (then the next request follows up at once)."""
         signal = self._signals[_SIGNAL[reason]]
-        signal.cost = cost
         signal.follow = pending and not signal.follow and not new
-        if new:
-            signal.misses, signal.gap, signal.next_at = 0, 1, 0
-        else:
-            signal.misses += 1
-            if signal.misses >= FREE:
-                signal.next_at = boundary + signal.gap
-                signal.gap = min(2 * signal.gap, _GAP_CAP)
+        signal.handled(boundary, cost, new, FREE)
 
     def _grown(self) -> int:
         """How far the memory figure grew since the start-up check, all devices."""
