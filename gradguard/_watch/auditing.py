@@ -414,18 +414,20 @@ class Auditor:
     def look_idle(self, piles: dict[str, Pile]) -> bool:
         """An idle look: every graph tensor alive and its holder, noted in ``piles`` by holder (what the look
         saw, and how many looks found it grown since the one before). The first looks that see graphs run at
-        once, the others within the watch's share of the time. Returns whether to keep asking at the memory
-        figure's next rise: a holder was new or grew, or no graph was alive (the rise was something else's)."""
+        once, the others within the watch's share of the time. Returns whether a holder was new or grew (else
+        the memory figure's rule backs off)."""
         start = _clock()
         self._governor.start(start)
         if self._idle_looks >= IDLE_FREE and not self._governor.affords(self._idle_cost, start):
             return False
         grew = False
+        with scan_lock:
+            tensors = live_graph_tensors(set())
+        if not tensors:  # the rise was something else's (imports, data): a census, not an audit
+            self._governor.charge(_clock() - start)
+            return False
         try:
             with scan_lock:
-                tensors = live_graph_tensors(set())
-                if not tensors:
-                    return True
                 self._idle_looks += 1
                 # In a forward kept whole, most graph tensors alive are its saved activations: held by the graph
                 # of another, named through it; the heap is searched for the others only.
