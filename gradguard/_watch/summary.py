@@ -51,8 +51,7 @@ class HolderHistory:
         released_bytes: Memory the repairs measurably gave back (the memory figure before and after a
             repair; 0 where nothing was measured: then ``pinned_bytes`` is the estimate).
         clock: ``"step"`` when it was found keeping graphs across optimizer steps, ``"micro"`` when found
-            growing across the micro-batches of one step (``survived`` then counts micro-batch boundaries),
-            ``"idle"`` when found growing while no backward ran and no optimizer stepped.
+            growing across the micro-batches of one step (``survived`` then counts micro-batch boundaries).
     """
 
     holder: str
@@ -237,8 +236,7 @@ def summarize(
     several = len(watches) > 1 or any(w.name for w in watches)
     f = functools.reduce(operator.add, [w.figures for w in watches])
     where = f" in {plural(len(watches), 'process')}" if several else ""
-    idle = not f.boundaries and not f.backwards
-    if idle and not f.audits:
+    if not f.boundaries and not f.backwards:
         return f"{title}: no optimizer step and no backward was seen{where}: {nothing}"
     where = f",{where}" if where else ""
     since = "their time since the first" if len(watches) > 1 else "the time since the first"
@@ -247,9 +245,6 @@ def summarize(
     steps = plural(f.boundaries, "step boundary") if f.boundaries else "no optimizer step"
     micro = f" ({plural(f.backwards, 'backward')})" if f.backwards else ""
     head = f"{title}: {steps}{micro}, {f.audits} audited{asked}{where}{share}"
-    if idle:
-        looks = plural(f.audits, "look")
-        head = f"{title}: no optimizer step and no backward, {looks} when the memory grew{where}{share}"
     memory = _memory(watches)
     if not f.audits:
         return f"{head}: no audit ran, {nothing}{_clause(memory)}"
@@ -263,8 +258,6 @@ def summarize(
         + _clause(memory)
         + (f"; not audited, so not checked: {', '.join(unaudited)}" if unaudited else "")
     )
-    if not leaks and idle:
-        return f"{head}; no holder's graphs grew from one look to the next{tail}"
     if not leaks:
         followed = f" ({plural(f.stamped, 'graph node')} stamped at backwards and audits)" if f.stamped else ""
         if f.unexplained:
@@ -286,7 +279,6 @@ def summarize(
     across = {
         frozenset({"step"}): "across step boundaries",
         frozenset({"micro"}): "across the micro-batches of a step",
-        frozenset({"idle"}): "that grew while no backward ran and no optimizer stepped",
     }.get(frozenset(clocks), "across micro-batches and step boundaries")
     verdict = (
         f"{head}; {plural(len(leaks), 'holder')} kept autograd graphs {across}{in_processes} "

@@ -78,6 +78,7 @@ class ThreadState:
         "micro",
         "micro_at_step",
         "micro_backoff",
+        "micro_collector",
         "owner",
         "reader",
         "partners",
@@ -115,6 +116,9 @@ class ThreadState:
         self.following: dict[str, Any] = {}  # holders the micro-batch clock reads by name (see micro.py)
         self.followed: set[str] = set()  # every holder it has followed
         self.micro_backoff: Any = None  # the micro-batch clock's requests (see micro.py)
+        # its own questions to the collector: a ration of their own, so that a storm of cyclic garbage between
+        # micro-batches never declines the step clock's requests
+        self.micro_collector = Collector(schedule.governor)
         self.owner = threading.get_ident()  # the thread whose boundaries these are
         self.reader: AllocatedReader | None = (  # the memory figure at micro-batch boundaries, for the timeline
             None

@@ -191,7 +191,9 @@ def test_megatron_real_schedule(megatron: ModuleType, elsewhere: Any, guarded: b
 
     with gradguard.enforce(engines=["megatron"]) if guarded else contextlib.nullcontext():
         watcher, raised, _ = watched(step, optimizer, elsewhere)
-    assert len(history) == STEPS * MICRO_BATCHES and harness.redirected == STEPS
+    # unguarded: the micro-batch clock raised out of a backward inside a step, whose records were not published
+    assert len(history) == STEPS * MICRO_BATCHES if guarded else len(history) < STEPS * MICRO_BATCHES
+    assert harness.redirected == STEPS or not guarded
     assert_outcome(guarded, watcher, raised, history, None, "['log_probs']", "['entropy']")
 
 
@@ -226,7 +228,7 @@ def test_megatron_forward_step(megatron: ModuleType, elsewhere: Any, guarded: bo
 
     with gradguard.enforce(engines=["megatron"]) if guarded else contextlib.nullcontext():
         watcher, raised, seen = watched(step, optimizer, elsewhere, look=guarded)
-    assert len(history) == STEPS * MICRO_BATCHES
+    assert len(history) == STEPS * MICRO_BATCHES if guarded else len(history) < STEPS * MICRO_BATCHES
     assert_outcome(guarded, watcher, raised, history, seen, "['logits_mean']", "['logits_sq']")
 
 
@@ -355,7 +357,7 @@ def test_peft_lora_gradient_checkpointing(elsewhere: Any, guarded: bool) -> None
         return loss  # the last micro-batch's: this step's graph
 
     watcher, raised, seen = watched(step, optimizer, elsewhere, look=guarded)
-    assert len(history) == STEPS * MICRO_BATCHES
+    assert len(history) == STEPS * MICRO_BATCHES if guarded else len(history) < STEPS * MICRO_BATCHES
     keys = ("['model_output']['log_probs']", "['model_output']['entropy']")
     assert_outcome(guarded, watcher, raised, history, seen, *keys)
 
@@ -377,6 +379,6 @@ def test_verl_style_engine(elsewhere: Any, guarded: bool) -> None:
         history.extend(engine.train_mini_batch(micro_batches[:MICRO_BATCHES], ex.ppo_like_loss))  # output_lst
 
     watcher, raised, _ = watched(step, optimizer, elsewhere)
-    assert len(history) == STEPS * MICRO_BATCHES
+    assert len(history) == STEPS * MICRO_BATCHES if guarded else len(history) < STEPS * MICRO_BATCHES
     keys = ("['model_output']['log_probs']", "['model_output']['entropy']", "['metrics']['entropy']")
     assert_outcome(guarded, watcher, raised, history, None, *keys)

@@ -33,7 +33,8 @@ def test_a_run_that_nothing_reported_to_says_why_that_can_be_and_claims_nothing_
 
 def test_processes_that_ran_no_optimizer_step_are_not_called_clean() -> None:
     one = _merge.merge(records(process(top=True)))
-    assert one.text.splitlines()[-1] == "gradguard watch: no optimizer step and no backward was seen: nothing was checked"
+    nothing = "gradguard watch: no optimizer step and no backward was seen: nothing was checked"
+    assert one.text.splitlines()[-1] == nothing
     two = _merge.merge(records(process(top=True), process(pid=101)))
     assert two.text.splitlines()[-2:] == [
         "gradguard watch: no optimizer step and no backward was seen in 2 processes: nothing was checked",

@@ -7,13 +7,12 @@ fixes say only what is so (module-level scripts and torch.compile: ``test_no_fal
 
 from __future__ import annotations
 
-import re
-
 import dataclasses
 import functools
 import gc
 import logging
 import logging.handlers
+import re
 import subprocess
 import sys
 import threading
@@ -391,7 +390,8 @@ def test_a_summary_says_what_the_all_clear_covers() -> None:
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), timeout=300)
     assert run.returncode == 0, run.stderr
     text = run.stdout
-    assert re.search(r"7 step boundaries \(\d+ backwards\), 2 audited", text), text  # the start-up check; no signal asked after it
+    # the start-up check; no signal asked after it
+    assert re.search(r"7 step boundaries \(\d+ backwards\), 2 audited", text), text
     assert "no graph the watch followed outlived two step boundaries" in text
     assert "graph nodes stamped at backwards and audits" in text
     # the all-clear says what it does not cover: a graph no signal sees waits for an audit
