@@ -235,7 +235,8 @@ def test_the_launcher_imports_no_torch_and_of_the_watch_only_its_summary_and_num
     assert "gradguard._launch.commands" in imported and "gradguard._launch._merge" in imported
     heavy = sorted(m for m in imported if m.split(".")[0] in ("torch", "numpy"))
     watch = sorted(m for m in imported if m.startswith("gradguard._watch"))
-    assert heavy == [] and watch == ["gradguard._watch", "gradguard._watch.summary", "gradguard._watch.timeline", "gradguard._watch.tuning"]
+    expected = ["gradguard._watch", "gradguard._watch.summary", "gradguard._watch.timeline", "gradguard._watch.tuning"]
+    assert heavy == [] and watch == expected
 
 
 LAZY = """

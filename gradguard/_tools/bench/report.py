@@ -135,7 +135,7 @@ def no_adapter_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
     ``detach``'s growth is after the report (over the whole run in brackets)."""
     from .no_adapter import MODES
 
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for mode in MODES:
         x = result[mode]
         growth = f"{x['growth_bytes_per_microbatch']:,.0f} B"
@@ -214,6 +214,7 @@ def plot(report: dict[str, Any], path: str) -> None:
 
     def draw(ax: Any, name: str) -> None:
         r = report["scenarios"][name]
+        runs: tuple[tuple[str, str], ...]
         if r.get("kind") == "no-adapter":
             runs = (("unwatched", "-"), ("detach", "--"), ("warn", ":"), ("raise", "-."))
         else:
