@@ -76,7 +76,6 @@ class ThreadState:
         "held",
         "ledger",
         "micro",
-        "micro_at_step",
         "micro_backoff",
         "micro_collector",
         "owner",
@@ -112,7 +111,6 @@ class ThreadState:
         self.repairing: tuple[int, dict[str, int]] | None = None  # memory in use before repairs, their estimates
         self.refilling = False  # the last read of the holders repaired before repaired something
         self.micro = 0  # backwards stamped into this ledger (not nested): the micro-batch clock
-        self.micro_at_step = 0  # that count at the last step boundary
         self.following: dict[str, Any] = {}  # holders the micro-batch clock reads by name (see micro.py)
         self.followed: set[str] = set()  # every holder it has followed
         self.micro_backoff: Any = None  # the micro-batch clock's requests (see micro.py)

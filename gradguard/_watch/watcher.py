@@ -254,7 +254,7 @@ class Watcher:
         self._primary = state
         # What earlier steps' backwards left alive is the step clock's: the micro-batch clock asks only about
         # the graphs of this step's (it judges growth within one step).
-        state.micro_at_step = state.ledger.micro_horizon = max(state.ledger.micro_horizon, state.micro)
+        state.ledger.micro_horizon = max(state.ledger.micro_horizon, state.micro)
         self._point("step", state, sum(state.schedule.readings.values()) if state.schedule.readings else None)
         if not state.backwards and boundary > 1:
             state.unseen += 1
