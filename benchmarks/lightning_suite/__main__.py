@@ -84,8 +84,28 @@ RUNS: dict[str, list[str]] = {
 }
 
 _HOLDER = re.compile(
-    r"^gradguard: (?P<holder>.+?) keeps an autograd graph across step boundaries \((?P<detail>[^)]*)\)"
+    r"^gradguard: (?P<holder>.+)\n  keeps an autograd graph across step boundaries\n  (?P<detail>.+(\n    .+)*)"
 )
+
+
+def _fix(message: str) -> str | None:
+    """The warning's fix as one line: its ``fix:`` line and the lines under it (a clause per line at the
+    first one's column, a clause's continuation further in)."""
+    lines = message.splitlines()
+    at = next((i for i, line in enumerate(lines) if line.lstrip().startswith("fix: ")), None)
+    if at is None:
+        return None
+    column = lines[at].index("fix: ") + len("fix: ")
+    clauses = [lines[at][column:].strip()]
+    for line in lines[at + 1 :]:
+        indent = len(line) - len(line.lstrip())
+        if indent < column:
+            break
+        if indent == column:
+            clauses.append(line.strip())
+        else:
+            clauses[-1] += " " + line.strip()
+    return "; ".join(clauses)
 
 
 def _lightning_facts(checkout: Path) -> dict[str, Any]:
@@ -197,8 +217,8 @@ def retentions(warnings_: list[dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 "holder": holder,
                 "category": w["category"],
-                "detail": match["detail"] if match else None,
-                "fix": w["message"].split("; fix: ", 1)[1] if "; fix: " in w["message"] else None,
+                "detail": " ".join(match["detail"].split()) if match else None,
+                "fix": _fix(w["message"]),
                 "tests": [],
                 "when": [],  # pytest's: "runtest" (a test, setup to teardown), or "unconfigure" outside one
                 "warnings": 0,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from .._policy import table as _table
-from .._policy.message import display, plural
+from .._policy.message import display, plural, wrap
 from .._policy.stats import SiteStats, Stats
 from .._watch.summary import BOUNDED, NOTHING, WatchRecord, summarize
 from ._processes import combined, idle_text, labels, missing_ranks, not_reached, ranks_text, unreported
@@ -158,13 +158,12 @@ def _watch(reports: list[ProcessReport], uncovered: int, stored: bool) -> list[s
         )
     if many and idle:
         if stepped:
-            lines.append(
-                f"(and {plural(len(idle), 'process')} that imported torch but ran no optimizer step: {idle_text(idle)})"
-            )
+            idled = f"(and {plural(len(idle), 'process')} that imported torch but ran no optimizer step"
+            lines += wrap(f"{idled}: {idle_text(idle)})", "", " ")
         else:
-            lines.append(f"({idle_text(idle)} imported torch but ran no optimizer step)")
+            lines += wrap(f"({idle_text(idle)} imported torch but ran no optimizer step)", "", " ")
     if not many and not first.at_exit:
-        lines.append(_KILLED)
+        lines += wrap(_KILLED, "", " ")
     if uncovered:
         other = "other process" if not many else "process"
         lines.append(f"({plural(uncovered, other)} not covered: above)")

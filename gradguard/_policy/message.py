@@ -7,14 +7,22 @@ never forge a line of a message or of the stats table.
 
 from __future__ import annotations
 
+import textwrap
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # for the annotation only: the launcher's summary uses this module without torch
     from .._tree.walk import GraphRecord
 
-__all__ = ["display", "human", "nodes_text", "plural", "retention"]
+__all__ = ["WIDTH", "display", "fix_lines", "human", "nodes_text", "plural", "retention", "wrap"]
 
 _SHOWN = 8
+
+WIDTH = 100
+"""The columns a line of a warning, an error or a summary is kept within (a terminal of 100 columns), where
+its content allows: a word longer than that (a holder's path) gets a line of its own instead."""
+
+_KEEP = "\xa0"  # stands for a space that must not break a line; display() never lets one through
 
 OUTCOMES = {
     "refused": "Refused (mode 'raise'): nothing was stored.",
@@ -38,6 +46,51 @@ def display(name: str) -> str:
         forge a line).
     """
     return name if name.isprintable() else repr(name)
+
+
+def wrap(text: str, indent: str = "", later: str | None = None, keep: Sequence[str] = ()) -> list[str]:
+    """``text`` as lines of at most :data:`WIDTH` columns, broken at spaces.
+
+    Args:
+        text: One paragraph.
+        indent: What the first line starts with.
+        later: What the lines after it start with (``indent`` by default).
+        keep: Parts of ``text`` never broken across lines (a holder's path, which may hold spaces): one too
+            long for a line gets a line of its own.
+
+    Returns:
+        The lines, without trailing spaces; a word longer than a line is left whole on its own line.
+    """
+    for part in keep:
+        text = text.replace(part, part.replace(" ", _KEEP))
+    lines = textwrap.wrap(
+        text,
+        WIDTH,
+        initial_indent=indent,
+        subsequent_indent=indent if later is None else later,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return [line.replace(_KEEP, " ") for line in lines] or [indent.rstrip()]
+
+
+def fix_lines(fix: str, indent: str = "") -> list[str]:
+    """A fix as a message shows it: ``fix:`` on a line of its own, each of its clauses (``; ``-separated:
+    the change to make, then the alternatives) starting a line under the first, a clause too long for
+    one line continued two columns further in.
+
+    Args:
+        fix: The holder's fix (one line, as reports and tables keep it).
+        indent: What the ``fix:`` line starts with.
+
+    Returns:
+        The lines, each within :data:`WIDTH` columns where the words allow.
+    """
+    head, later = f"{indent}fix: ", " " * (len(indent) + len("fix: "))
+    lines: list[str] = []
+    for i, clause in enumerate(display(fix).split("; ")):
+        lines.extend(wrap(clause, head if i == 0 else later, later + "  "))
+    return lines
 
 
 def human(n: int) -> str:

@@ -22,8 +22,8 @@ from .._graph.liveness import Liveness
 from .._heap.census import live_graph_tensors
 from .._heap.holders import find_paths, running_thread
 from .._heap.paths import Path, holder_key, spell
-from .._policy.message import display, human, nodes_text
-from .._policy.table import text
+from .._policy.message import display, fix_lines, human, nodes_text, wrap
+from .._policy.table import fitted
 from .._tree.walk import graph_record
 from .fix import fix
 from .tuning import NODE_BYTES
@@ -197,16 +197,20 @@ class RetentionReport(Sequence[Retention]):
                 "?" if e.shape is None else "x".join(map(str, e.shape)) or "scalar",
                 str(e.dtype).removeprefix("torch."),
                 str(e.device),
-                display(e.fix),
             ]
             for e in self._entries
         ]
-        header = ["holder", "tensors", "pinned", "nodes", "backward", "grad_fn", "shape", "dtype", "device", "fix"]
-        title = (
-            f"gradguard.audit: {len(self._entries)} holder(s) keep {self.tensors} tensor(s) carrying an autograd "
-            f"graph, pinning ~{human(self.pinned_bytes)} of tensors and ~{human(self.node_bytes)} of graph nodes"
+        fixes = [fix_lines(e.fix, "  ") if e.fix else [] for e in self._entries]
+        header = ["holder", "tensors", "pinned", "nodes", "backward", "grad_fn", "shape", "dtype", "device"]
+        title = "\n".join(
+            wrap(
+                f"gradguard.audit: {len(self._entries)} holder(s) keep {self.tensors} tensor(s) carrying an autograd "
+                f"graph, pinning ~{human(self.pinned_bytes)} of tensors and ~{human(self.node_bytes)} of graph nodes",
+                "",
+                "  ",
+            )
         )
-        return f"{title}\n{text(header, rows)}{self._untraced_line()}"
+        return f"{title}\n{fitted(header, rows, fixes)}{self._untraced_line()}"
 
     def _untraced_line(self) -> str:
         if not self.untraced:
@@ -217,7 +221,8 @@ class RetentionReport(Sequence[Retention]):
                 f"{why}, or by one of the {self.frozen:,} objects gc.freeze() froze, which the audit cannot "
                 "search: call gc.unfreeze() before auditing"
             )
-        return f"\n({self.untraced} more graph tensor(s) alive that nothing Python can reach holds: {why})"
+        said = f"({self.untraced} more graph tensor(s) alive that nothing Python can reach holds: {why})"
+        return "\n" + "\n".join(wrap(said, "", " "))
 
     def __repr__(self) -> str:
         return (

@@ -2,8 +2,8 @@
 
 A graph kept in the program's own state: detach (``t.detach()`` or ``t.item()``) what is stored there,
 at the place that stores it; a list, dict or deque the program names (or ``enforce(stores=...)`` for
-an argument) is offered second, as the net: a guarded store detaches what it is given, and in ``raise``
-mode refuses it, so only the detach makes a ``--mode raise`` run pass. A graph kept in an installed
+an argument) is offered second, as the alternative: a guarded store detaches what it is given, and in
+``raise`` mode refuses it, so only the detach makes a ``--mode raise`` run pass. A graph kept in an installed
 package's state (or torch's, or the standard library's) is not the program's to change: the fix names
 the package and its version, the user's code that fed it (the object it was handed, the method of
 theirs it calls, or the call that led there) with the smallest change there, and, for a leak of the
@@ -50,7 +50,7 @@ def fix(path: Path, tensor: torch.Tensor) -> str:
     * a tensor kept as a dict key or a set member: put a detached value there;
     * else detaching it before it is stored (``t.detach()`` or ``t.item()``), followed, when the store
       is an argument of the running function (``enforce(stores=...)``) or the nearest list, dict or
-      deque the program owns and can name holds it as an item, by that guard as the net — only when
+      deque the program owns and can name holds it as an item, by that guard as the alternative — only when
       guarding would release it (the item, detached as a guard detaches what is stored, no longer
       reaches the tensor).
     """
@@ -78,11 +78,11 @@ def fix(path: Path, tensor: torch.Tensor) -> str:
         return _library_fix(path, owners)
     detach = f"detach before storing into {_spelled(path, start, len(path), owners)} ({_where(path, start)}): {_DETACH}"
     net = _net(path, start, owners, tensor)
-    return f"{detach}; {net} is the net: {_NET}" if net else detach
+    return f"{detach}; or {net}, {_NET}" if net else detach
 
 
 _DETACH = "t.detach() or t.item()"
-_NET = "it detaches what is stored and, in raise mode, refuses it"
+_NET = "which detaches what is stored, or refuses it in raise mode"
 
 
 def _net(path: Path, start: int, owners: list[Owner], tensor: torch.Tensor) -> str | None:

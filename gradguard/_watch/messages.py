@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .._policy.message import human, nodes_text, plural
+from .._policy.message import display, fix_lines, human, nodes_text, plural, wrap
 from .audit import Retention
 from .criterion import Leak
 from .repair import LIVE, PARTLY, Repair
@@ -13,6 +13,10 @@ __all__ = ["MICRO", "named", "raise_message", "unrepaired_message", "warn_messag
 
 MICRO = " across the micro-batches of one step"
 """What a leak found at a micro-batch boundary is kept across, for the messages (as ``ended``)."""
+
+
+_RAISED = "gradguard.GraphRetentionError: "
+"""What a traceback writes before the error's first line."""
 
 
 def named(r: Retention) -> str:
@@ -50,6 +54,25 @@ def _across(ended: str) -> str:
     return ended or " across step boundaries"
 
 
+def _lines(leak: Leak, ended: str, what: str, indent: str) -> list[str]:
+    """A holder's figures, ``what`` (its graphs' state, or why it was not repaired) and its fix, each
+    starting a line under ``indent``."""
+    r = leak.finding.retention
+    more = indent + "  "
+    return [
+        *wrap(_figures(r, leak.survived, ended), indent, more),
+        *wrap(what, indent, more),
+        *fix_lines(r.fix, indent),
+    ]
+
+
+def _head(r: Retention, ended: str) -> list[str]:
+    """``gradguard: <holder>`` alone on the first line (Python writes the warning's file, line and category
+    before it), then what it keeps its graphs across."""
+    name = display(named(r))
+    return [*wrap(f"gradguard: {name}", keep=[name]), *wrap(f"keeps an autograd graph{_across(ended)}", "  ", "    ")]
+
+
 def warn_message(leak: Leak, ended: str = "") -> str:
     """The warning for one leaking holder.
 
@@ -59,13 +82,12 @@ def warn_message(leak: Leak, ended: str = "") -> str:
             for one found at a step boundary.
 
     Returns:
-        One line: the holder, what its graphs pin, whether they can still be backwarded, and the fix.
+        Lines within :data:`~gradguard._policy.message.WIDTH` columns where the holder's path allows: the
+        holder, then (indented) what it keeps its graphs across, what they pin, whether they can still be
+        backwarded, and the fix.
     """
     r = leak.finding.retention
-    return (
-        f"gradguard: {named(r)} keeps an autograd graph{_across(ended)} ({_figures(r, leak.survived, ended)}; "
-        f"{_state(leak)}); fix: {r.fix}"
-    )
+    return "\n".join([*_head(r, ended), *_lines(leak, ended, _state(leak), "  ")])
 
 
 def unrepaired_message(leak: Leak, done: Repair, ended: str = "") -> str:
@@ -77,7 +99,7 @@ def unrepaired_message(leak: Leak, done: Repair, ended: str = "") -> str:
         ended: As for :func:`warn_message`.
 
     Returns:
-        One line: the holder, what its graphs pin, why it was not (fully) repaired, and the fix.
+        As :func:`warn_message`, saying why it was not (fully) repaired instead of its graphs' state.
     """
     r = leak.finding.retention
     if done.outcome == LIVE:
@@ -86,10 +108,7 @@ def unrepaired_message(leak: Leak, done: Repair, ended: str = "") -> str:
         what = f"repaired in part: {done.released} of {len(leak.leaking)} tensors released; the rest: {done.why}"
     else:
         what = f"cannot be repaired in place: it is held through {done.why}"
-    return (
-        f"gradguard: {named(r)} keeps an autograd graph{_across(ended)} ({_figures(r, leak.survived, ended)}); "
-        f"{what}; fix: {r.fix}"
-    )
+    return "\n".join([*_head(r, ended), *_lines(leak, ended, what, "  ")])
 
 
 def raise_message(leaks: Sequence[Leak], ended: str = "") -> str:
@@ -100,7 +119,8 @@ def raise_message(leaks: Sequence[Leak], ended: str = "") -> str:
         ended: As for :func:`warn_message`.
 
     Returns:
-        A line on all of them, then one line per holder with its fix.
+        A paragraph on all of them, then each holder starting a line with what its graphs pin, followed
+        (indented) by their state and its fix.
     """
     total = sum(leak.finding.retention.pinned_bytes for leak in leaks)
     nodes = sum(leak.finding.retention.node_bytes for leak in leaks)
@@ -111,11 +131,16 @@ def raise_message(leaks: Sequence[Leak], ended: str = "") -> str:
         if ended
         else "; the optimizer step itself completed"
     )
-    lines = [
+    lines = wrap(
         f"gradguard: {plural(len(leaks), 'holder')} {'keeps' if len(leaks) == 1 else 'keep'} autograd graphs"
-        f"{_across(ended)} ({human(total)} of tensors and ~{human(nodes)} of graph nodes pinned){completed}:"
-    ]
+        f"{_across(ended)} ({human(total)} of tensors and ~{human(nodes)} of graph nodes pinned){completed}:",
+        " " * len(_RAISED),  # the room Python's traceback takes before the first line
+        "",
+    )
+    lines[0] = lines[0].lstrip()
     for leak in leaks:
         r = leak.finding.retention
-        lines.append(f"  {named(r)}: {_figures(r, leak.survived, ended)}; {_state(leak)}; fix: {r.fix}")
+        name = display(named(r))
+        lines += wrap(f"{name}: {_figures(r, leak.survived, ended)}", "  ", "    ", keep=[name])
+        lines += [*wrap(_state(leak), "    ", "      "), *fix_lines(r.fix, "    ")]
     return "\n".join(lines)

@@ -167,8 +167,8 @@ def memory_clause(schedules: Iterable[Schedule], pinned: int) -> str:
         return ""
     total = ", ".join(f"{device} +{human(g)}" for device, g in grown.items())
     if pinned:
-        return f"memory ({what}) grew after the start-up check: {total}; the holders found pin {human(pinned)}"
+        return f"memory ({what}) grew after the watch's first audits: {total}; the holders found pin {human(pinned)}"
     return (
-        f"memory ({what}) grew after the start-up check: {total}, which no autograd graph the audits found "
+        f"memory ({what}) grew after the watch's first audits: {total}, which no autograd graph the audits found "
         "explains (a cache, a buffer, the allocator's own)"
     )

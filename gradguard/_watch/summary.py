@@ -14,7 +14,7 @@ import operator
 from collections.abc import Callable, Sequence
 
 from .._policy import table as _table
-from .._policy.message import display, human, nodes_text, plural
+from .._policy.message import display, fix_lines, human, nodes_text, plural, wrap
 from .tuning import OLD_ENOUGH
 
 __all__ = ["BOUNDED", "NOTHING", "HolderHistory", "WatchFigures", "WatchRecord", "render", "summarize"]
@@ -231,13 +231,15 @@ def summarize(
             step boundary was).
 
     Returns:
-        The summary: one line, followed by a table when holders kept graphs.
+        Lines within :data:`~gradguard._policy.message.WIDTH` columns where their content allows: the head
+        (what was checked), then each finding and each thing not covered on a line of its own (indented, a
+        long one wrapped), then, when holders kept graphs, their table with each one's fix under its row.
     """
     several = len(watches) > 1 or any(w.name for w in watches)
     f = functools.reduce(operator.add, [w.figures for w in watches])
     where = f" in {plural(len(watches), 'process')}" if several else ""
     if not f.boundaries and not f.backwards:
-        return f"{title}: no optimizer step and no backward was seen{where}: {nothing}"
+        return _lines(f"{title}: no optimizer step and no backward was seen{where}: {nothing}")
     where = f",{where}" if where else ""
     since = "their time since the first" if len(watches) > 1 else "the time since the first"
     share = f" ({100 * f.seconds / f.elapsed:.2f}% of {since})" if f.elapsed > 0 and f.seconds and f.audits else ""
@@ -245,32 +247,34 @@ def summarize(
     steps = plural(f.boundaries, "step boundary") if f.boundaries else "no optimizer step"
     micro = f" ({plural(f.backwards, 'backward')})" if f.backwards else ""
     head = f"{title}: {steps}{micro}, {f.audits} audited{asked}{where}{share}"
-    memory = _memory(watches)
+    memory = [_memory(watches)] if _memory(watches) else []
     if not f.audits:
-        return f"{head}: no audit ran, {nothing}{_clause(memory)}"
+        return _lines(f"{head}: no audit ran, {nothing}", *memory)
     rows = _rows(watches)
     leaks = [row for row in rows if not row.bounded]
     unaudited = [w.name for w in watches if several and w.figures.boundaries and not w.figures.audits]
-    tail = (
-        _unexplained(watches, several)
-        + _coverage(f)
-        + _bounded([row for row in rows if row.bounded])
-        + _clause(memory)
-        + (f"; not audited, so not checked: {', '.join(unaudited)}" if unaudited else "")
-    )
+    tail = [
+        *_unexplained(watches, several),
+        *_coverage(f),
+        *_bounded([row for row in rows if row.bounded]),
+        *memory,
+        *([f"not audited, so not checked: {', '.join(unaudited)}"] if unaudited else []),
+    ]
     if not leaks:
-        followed = f" ({plural(f.stamped, 'graph node')} stamped at backwards and audits)" if f.stamped else ""
+        followed = f" ({plural(f.stamped, 'graph node')} followed)" if f.stamped else ""
         if f.unexplained:
-            return f"{head}; no holder was found keeping a graph{followed}{tail}"
+            return _lines(head, f"no holder was found keeping a graph{followed}", *tail)
         if f.garbage:
-            return (
-                f"{head}; no holder kept a graph the watch followed past two step boundaries{followed}: the old "
-                f"ones were cyclic garbage, freed by the collector ({plural(f.garbage, 'time')}){tail}"
+            return _lines(
+                head,
+                f"no holder kept a graph the watch followed past two step boundaries{followed}: the old ones were "
+                f"cyclic garbage, freed by the collector ({plural(f.garbage, 'time')})",
+                *tail,
             )
-        return f"{head}; no graph the watch followed outlived two step boundaries{followed}{tail}"
+        return _lines(head, f"no graph the watch followed outlived two step boundaries{followed}", *tail)
     released = sum(row.total("released_bytes") for row in leaks)
     if released:
-        tail = f"; the repairs gave back {human(released)} of memory (measured){tail}"
+        tail.insert(0, f"the repairs gave back {human(released)} of memory (measured)")
     total = sum(row.total("pinned_bytes") for row in leaks)
     nodes = sum(row.total("node_bytes") for row in leaks)
     found_in = {i for row in leaks for i, _ in row.found}
@@ -281,38 +285,46 @@ def summarize(
         frozenset({"micro"}): "across the micro-batches of a step",
     }.get(frozenset(clocks), "across micro-batches and step boundaries")
     verdict = (
-        f"{head}; {plural(len(leaks), 'holder')} kept autograd graphs {across}{in_processes} "
-        f"({human(total)} of tensors and ~{human(nodes)} of graph nodes pinned at their last audit){tail}:"
+        f"{plural(len(leaks), 'holder')} kept autograd graphs {across}{in_processes} "
+        f"({human(total)} of tensors and ~{human(nodes)} of graph nodes pinned at their last audit)"
     )
-    return f"{verdict}\n{_table_of(leaks, watches, several, who)}"
+    return f"{_lines(head, verdict, *tail)}\n{_table_of(leaks, watches, several, who)}"
+
+
+def _lines(head: str, *clauses: str) -> str:
+    """The head, then each clause on a line of its own, indented; each wrapped within the width."""
+    lines = wrap(head, "", "  ")
+    for clause in clauses:
+        lines += wrap(clause, "  ", "    ")
+    return "\n".join(lines)
 
 
 def _table_of(
     rows: Sequence[_Row], watches: Sequence[WatchRecord], several: bool, who: Callable[[Sequence[int]], str] | None
 ) -> str:
+    fixes = [fix_lines(row.found[0][1].fix, "  ") for row in rows]
     if not several:
-        header: tuple[str, ...] = ("holder", "tensors", "pinned", "nodes", "steps survived", "outcome", "fix")
+        header: tuple[str, ...] = ("holder", "tensors", "pinned", "nodes", "steps survived", "outcome")
         body: list[tuple[str, ...]] = [
             (row.name, str(row.most("tensors")), human(row.total("pinned_bytes")), _nodes(row),
-             row.survived(), row.outcome(), display(row.found[0][1].fix))
+             row.survived(), row.outcome())
             for row in rows
         ]  # fmt: skip
-        return _table.text(header, body)
+        return _table.fitted(header, body, fixes)
     if who is None:
         names = [w.name for w in watches]
 
         def who(indices: Sequence[int]) -> str:
             return ", ".join(names[i] for i in indices)
 
-    header = ("holder", "processes", "tensors", "pinned (max)", "pinned (sum)", "nodes", "steps survived", "outcome",
-              "fix")  # fmt: skip
+    header = ("holder", "processes", "tensors", "pinned (max)", "pinned (sum)", "nodes", "steps survived",
+              "outcome")  # fmt: skip
     body = [
         (row.name, who([i for i, _ in row.found]), str(row.most("tensors")), human(row.most("pinned_bytes")),
-         human(row.total("pinned_bytes")), _nodes(row), row.survived(), row.outcome(),
-         display(row.found[0][1].fix))
+         human(row.total("pinned_bytes")), _nodes(row), row.survived(), row.outcome())
         for row in rows
     ]  # fmt: skip
-    return _table.text(header, body)
+    return _table.fitted(header, body, fixes)
 
 
 def _nodes(row: _Row) -> str:
@@ -328,10 +340,6 @@ def _rows(watches: Sequence[WatchRecord]) -> list[_Row]:
     return sorted(rows.values(), key=lambda row: (-row.total("pinned_bytes"), row.holder))
 
 
-def _clause(text: str) -> str:
-    return f"; {text}" if text else ""
-
-
 def _memory(watches: Sequence[WatchRecord]) -> str:
     """What the memory figures did: each watch's clause, named when several said different things."""
     said = [(w.name, w.figures.memory) for w in watches if w.figures.memory]
@@ -340,22 +348,22 @@ def _memory(watches: Sequence[WatchRecord]) -> str:
     return "; ".join(f"in {name}: {text}" if name else text for name, text in said)
 
 
-def _unexplained(watches: Sequence[WatchRecord], several: bool) -> str:
+def _unexplained(watches: Sequence[WatchRecord], several: bool) -> list[str]:
     count = sum(w.figures.unexplained for w in watches)
     if not count:
-        return ""
+        return []
     where = ""
     if several:
         where = " in " + ", ".join(w.name for w in watches if w.figures.unexplained)
-    return (
-        f"; NOT EXPLAINED{where}: {plural(count, 'graph')} older than two step boundaries "
+    return [
+        f"NOT EXPLAINED{where}: {plural(count, 'graph')} older than two step boundaries "
         f"{'was' if count == 1 else 'were'} alive at the last audit that no holder was found for (garbage "
         "not collected yet, a graph node held directly, or C++ code)"
-    )
+    ]
 
 
-def _coverage(f: WatchFigures) -> str:
-    """What the signals did not cover: each clause only where it applies, with its figure."""
+def _coverage(f: WatchFigures) -> list[str]:
+    """What the watch's checks did not cover: each clause only where it applies, with its figure."""
     said = []
     if f.unseen:
         said.append(
@@ -363,15 +371,15 @@ def _coverage(f: WatchFigures) -> str:
             "the watch started, torch.func, gradients set by hand): their graphs were looked for by audits only"
         )
     if f.failures:
-        said.append(f"{plural(f.failures, 'backward')} could not be stamped (the gradguard logger says why at DEBUG)")
+        said.append(f"{plural(f.failures, 'backward')} could not be followed (the gradguard logger says why at DEBUG)")
     if f.declined:
         said.append(
-            f"{plural(f.declined, 'request')} of the signals waited for the watch's share of the time (a leak that "
+            f"{plural(f.declined, 'check')} the watch asked for waited for its share of the time (a leak that "
             "started meanwhile may be reported late)"
         )
     if f.collecting:
         said.append(
-            f"{plural(f.collecting, 'request')} of the old-graph signal waited for the program's own collection "
+            f"{plural(f.collecting, 'check')} for old graphs waited for the program's own collection "
             "(the collector is disabled: a leak that started meanwhile is reported after the next one)"
         )
     if f.since_audit >= OLD_ENOUGH:
@@ -379,12 +387,12 @@ def _coverage(f: WatchFigures) -> str:
             "a graph kept below a backward's nearest nodes, or saving no parameter, is found by an audit only: the "
             f"last ran {plural(f.since_audit, 'step boundary')} before the end"
         )
-    return "".join(f"; not covered: {text}" for text in said)
+    return [f"not covered: {text}" for text in said]
 
 
-def _bounded(rows: Sequence[_Row]) -> str:
+def _bounded(rows: Sequence[_Row]) -> list[str]:
     if not rows:
-        return ""
+        return []
     shown = ", ".join(f"{row.name} ({human(row.most('pinned_bytes') + row.most('node_bytes'))})" for row in rows[:3])
     more = f" and {len(rows) - 3} more" if len(rows) > 3 else ""
-    return f"; bounded, not acted on (one step's graph, replaced every step): {shown}{more}"
+    return [f"bounded, not acted on (one step's graph, replaced every step): {shown}{more}"]

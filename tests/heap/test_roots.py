@@ -60,7 +60,7 @@ def test_a_named_root_is_preferred_and_spells_the_path_and_the_fix(trainer: Trai
     ]
     assert report[0].fix == (
         "detach before storing into self.losses[0] (in actor Trainer): t.detach() or t.item(); "
-        "self.losses = gradguard.guard([]) is the net: it detaches what is stored and, in raise mode, refuses it"
+        "or self.losses = gradguard.guard([]), which detaches what is stored, or refuses it in raise mode"
     )
 
 

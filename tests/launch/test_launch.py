@@ -283,4 +283,4 @@ def test_gradguard_audit_starts_the_watch_when_gradguard_is_imported_before_torc
         env=env(GRADGUARD_AUDIT="1", GRADGUARD="warn"),
     )  # fmt: skip
     assert run.returncode == 0 and "done" in run.stdout, run.stderr
-    assert "GraphRetentionWarning: gradguard: __main__:kept[*] keeps an autograd graph" in run.stderr
+    assert "GraphRetentionWarning: gradguard: __main__:kept[*]\n  keeps an autograd graph" in run.stderr

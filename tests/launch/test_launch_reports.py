@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from _reports import holder, process, process_record, rank, records
+from _tables import table_rows
 
 from gradguard._launch import _merge, _names, _read, _report, commands
 from gradguard._watch import summary
@@ -65,20 +66,22 @@ def test_ranks_holding_the_same_holder_merge_into_one_row() -> None:
     merged = _merge.merge(reports)
     lines = merged.text.splitlines()
     assert lines[0] == "gradguard stats: no guarded store saw a record"
-    assert lines[1] == (
-        "gradguard watch: 8 step boundaries, 8 audited, in 3 processes; 1 holder kept autograd graphs across step "
-        "boundaries in 2 processes (4.0 KiB of tensors and ~0 B of graph nodes pinned at their last audit):"
-    )
-    assert lines[2].split() == [
+    assert lines[1:4] == [
+        "gradguard watch: 8 step boundaries, 8 audited, in 3 processes",
+        "  1 holder kept autograd graphs across step boundaries in 2 processes (4.0 KiB of tensors and ~0 B",
+        "    of graph nodes pinned at their last audit)",
+    ]
+    assert lines[4].split() == [
         "holder", "processes", "tensors", "pinned", "(max)", "pinned", "(sum)", "nodes", "steps", "survived",
-        "outcome", "fix",
+        "outcome",
     ]  # fmt: skip
-    assert lines[4].split()[:14] == [
-        "__main__:KEPT[*]", "ranks", "0-1", "of", "2", "3", "3.0", "KiB", "4.0", "KiB", "0", "2", "raised", "KEPT",
+    assert table_rows(merged.text) == [
+        ["__main__:KEPT[*]", "ranks 0-1 of 2", "3", "3.0 KiB", "4.0 KiB", "0", "2", "raised",
+         "KEPT = gradguard.guard([]) (in __main__)"]
     ]  # fmt: skip
-    assert lines[7].split()[:5] == ["rank", "0/2", "4", "4", "1"] and lines[7].endswith("at exit")
-    assert lines[8].split()[:5] == ["rank", "1/2", "4", "4", "1"] and lines[8].endswith("(no exit handler ran)")
-    assert lines[9] == "(and 1 process that imported torch but ran no optimizer step: pid 100 (the command))"
+    assert lines[11].split()[:5] == ["rank", "0/2", "4", "4", "1"] and lines[11].endswith("at exit")
+    assert lines[12].split()[:5] == ["rank", "1/2", "4", "4", "1"] and lines[12].endswith("(no exit handler ran)")
+    assert lines[13] == "(and 1 process that imported torch but ran no optimizer step: pid 100 (the command))"
     assert merged.raised and merged.reached == 3 and merged.checked
 
 
@@ -96,10 +99,12 @@ def test_one_process_reads_as_its_watchs_own_summary_and_stats_add_up() -> None:
     merged = _merge.merge(records(report))
     lines = merged.text.splitlines()
     assert lines[0] == "gradguard stats:" and lines[3].split()[:4] == ["audit", "__main__:KEPT[*]", "3", "3"]
-    assert lines[4].startswith("gradguard watch: 4 step boundaries, 4 audited; 1 holder kept autograd graphs")
-    assert lines[5].split() == ["holder", "tensors", "pinned", "nodes", "steps", "survived", "outcome", "fix"]
-    assert lines[7].split()[:7] == ["__main__:KEPT[0]", "3", "0", "B", "0", "2", "repaired"]
-    assert not merged.raised and len(lines) == 8
+    assert lines[4] == "gradguard watch: 4 step boundaries, 4 audited"
+    assert lines[5].startswith("  1 holder kept autograd graphs")
+    assert lines[7].split() == ["holder", "tensors", "pinned", "nodes", "steps", "survived", "outcome"]
+    assert lines[9].split()[:7] == ["__main__:KEPT[0]", "3", "0", "B", "0", "2", "repaired"]
+    assert lines[10] == "  fix: KEPT = gradguard.guard([]) (in __main__)"
+    assert not merged.raised and len(lines) == 11
     one = process_record(report)
     assert "\n".join(lines[4:]) == summary.render(one.figures, one.holders)  # the watch's own renderer
 
@@ -109,9 +114,9 @@ def test_a_process_not_covered_and_one_killed_are_said_after_the_watchs_summary(
     record = process_record(one)
     killed = _merge.merge(records(one), ["report-x.json: unreadable (...): its process is not covered"])
     assert killed.text.splitlines()[2:] == [
-        summary.render(record.figures, record.holders),
-        "(the command's report is from its last audit: it ended without running its exit handlers (killed by a "
-        "signal, os._exit, or a crash), so what it did after that audit was not checked)",
+        *summary.render(record.figures, record.holders).splitlines(),
+        "(the command's report is from its last audit: it ended without running its exit handlers (killed by",
+        " a signal, os._exit, or a crash), so what it did after that audit was not checked)",
         "(1 other process not covered: above)",
     ]
 
@@ -120,10 +125,12 @@ def test_a_bounded_holder_is_listed_not_counted_and_unexplained_old_graphs_are_n
     kept = holder(64, "bounded", holder="__main__:Trainer.last_loss", path="__main__:Trainer.last_loss")
     reports = records(rank(0, boundaries=3, audits=3, holders=[kept]), rank(1, boundaries=3, audits=3, unexplained=2))
     merged = _merge.merge(reports)
-    head = merged.text.splitlines()[1]
-    assert "; no holder was found keeping a graph" in head and "outlived" not in head
-    assert "; bounded, not acted on (one step's graph, replaced every step): __main__:Trainer.last_loss (64 B)" in head
-    assert "; NOT EXPLAINED in rank 1/2: 2 graphs older than two step boundaries were alive at the last audit" in head
+    lines = merged.text.splitlines()
+    assert lines[2] == "  no holder was found keeping a graph" and "outlived" not in merged.text
+    assert "  bounded, not acted on (one step's graph, replaced every step): __main__:Trainer.last_loss (64 B)" in lines
+    assert lines[3].startswith(
+        "  NOT EXPLAINED in rank 1/2: 2 graphs older than two step boundaries were alive at the last audit"
+    )
     assert not merged.raised
 
 
@@ -131,8 +138,9 @@ def test_the_command_itself_with_a_rank_says_which_rank() -> None:
     """``torchrun -m gradguard run train.py`` and ``srun gradguard run train.py``: one summary per rank."""
     merged = _merge.merge(records(rank(1, top=True, boundaries=2, audits=2, holders=[holder(0)])))
     lines = merged.text.splitlines()
-    assert lines[1].startswith("gradguard watch: 2 step boundaries, 2 audited, in 1 process; 1 holder kept")
-    assert lines[4].split()[:3] == ["__main__:KEPT[0]", "rank", "1"]
+    assert lines[1] == "gradguard watch: 2 step boundaries, 2 audited, in 1 process"
+    assert lines[2].startswith("  1 holder kept")
+    assert table_rows(merged.text)[0][:2] == ["__main__:KEPT[0]", "rank 1 of 2"]
 
 
 @pytest.mark.parametrize("leak", [False, True], ids=["clean", "leaking"])
@@ -142,9 +150,9 @@ def test_a_single_process_that_ended_without_its_exit_handlers_says_its_report_i
     """Killed by a signal, or ``os._exit``: what it did after its last audit was not checked, and that is said
     for one process as for many."""
     report = process(top=True, boundaries=8, audits=8, at_exit=False, holders=[holder(8)] if leak else [])
-    last = _merge.merge(records(report)).text.splitlines()[-1]
-    assert last.startswith("(the command's report is from its last audit: it ended without running its exit ")
-    assert "not checked" in last
+    last = _merge.merge(records(report)).text.splitlines()[-2:]
+    assert last[0].startswith("(the command's report is from its last audit: it ended without running its exit ")
+    assert "not checked" in last[1]
     assert "exit handler" not in _merge.merge(records(dict(report, at_exit=True))).text
 
 
@@ -155,23 +163,25 @@ def test_the_programs_one_process_ran_through_exec_are_one_process() -> None:
     merged = _merge.merge(records(before, after))
     assert merged.text.count("(the command)") == 0  # one process: the command's summary, as always
     assert "ran no optimizer step" not in merged.text and merged.reached == 1
-    assert merged.text.splitlines()[1].startswith("gradguard watch: 4 step boundaries, 4 audited; 1 holder kept")
+    assert merged.text.splitlines()[1:3] == [
+        "gradguard watch: 4 step boundaries, 4 audited",
+        "  1 holder kept autograd graphs across step boundaries (8 B of tensors and ~0 B of graph nodes",
+    ]
     reused = process(top=False, pid=300, started=999, written=3.0)  # the same pid, a later process: another one
     assert _merge.merge(records(before, after, reused)).reached == 2
 
 
-def test_a_hundred_processes_that_never_stepped_are_one_short_line() -> None:
+def test_a_hundred_processes_that_never_stepped_are_one_short_sentence() -> None:
     """DataLoader workers, Pool helpers (spawned: each reports once it imports torch): counted, not listed."""
     workers = [process(pid=1000 + i, role="multiprocessing child") for i in range(100)]
     ray = [process(pid=2000 + i, role="Ray worker") for i in range(4)]
     actor = process(pid=3000, actor="Trainer", label="actor Trainer")
     merged = _merge.merge(records(process(top=True, boundaries=3, audits=3), *workers, *ray, actor, process(pid=4000)))
-    last = merged.text.splitlines()[-1]
-    assert last == (
-        "(and 106 processes that imported torch but ran no optimizer step: actor Trainer, 100 multiprocessing "
-        "children, 4 Ray workers, 1 other process)"
-    )
-    assert "pid 1000" not in merged.text and "pid 2000" not in merged.text and len(merged.text.splitlines()) == 6
+    assert merged.text.splitlines()[-2:] == [
+        "(and 106 processes that imported torch but ran no optimizer step: actor Trainer, 100 multiprocessing",
+        " children, 4 Ray workers, 1 other process)",
+    ]
+    assert "pid 1000" not in merged.text and "pid 2000" not in merged.text and len(merged.text.splitlines()) == 8
     few = _merge.merge(records(process(top=True, boundaries=3, audits=3), *workers[:2]))
     assert few.text.splitlines()[-1].endswith("ran no optimizer step: pid 1000, pid 1001)")
 
@@ -187,7 +197,7 @@ def test_a_world_whose_ranks_did_not_all_report_says_which_did_not() -> None:
 
 def test_a_rank_that_stepped_but_was_never_audited_is_named_as_not_checked() -> None:
     merged = _merge.merge(records(rank(0, boundaries=4, audits=2), rank(1, boundaries=4)))
-    said = "; no graph the watch followed outlived two step boundaries; not audited, so not checked: rank 1/2"
+    said = "  no graph the watch followed outlived two step boundaries\n  not audited, so not checked: rank 1/2\n"
     assert said in merged.text
 
 

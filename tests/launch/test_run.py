@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from _helpers import env
+from _tables import table_rows
 
 import gradguard
 from gradguard._launch._settings import python_path
@@ -59,9 +60,9 @@ ANNOUNCED = "gradguard run: each process's report goes to "
 
 
 def _row(summary: str, holder: str) -> list[str]:
-    """The cells of the summary's table row of ``holder`` (split on runs of two spaces)."""
-    (line,) = [line for line in summary.splitlines() if line.startswith(holder + "  ")]
-    return [cell.strip() for cell in line.split("  ") if cell.strip()]
+    """The cells of the summary's table row of ``holder``, its fix the last."""
+    (row,) = [row for row in table_rows(summary) if row[0] == holder]
+    return row
 
 
 def _gradguard(*argv: str, cwd: Path, **environ: str | None) -> subprocess.CompletedProcess[str]:
@@ -91,7 +92,7 @@ def test_raise_mode_fails_the_run_at_the_step_that_found_the_leak(tmp_path: Path
     assert summary[1].startswith(f"gradguard watch: {run.stdout.count('stepping')} step boundar")
     assert _row("\n".join(summary), "__main__:HISTORY[*]['loss']")[-2:] == [
         "raised", "detach before storing into HISTORY[0]['loss'] (in __main__): t.detach() or t.item(); "
-        "HISTORY = gradguard.guard([]) is the net: it detaches what is stored and, in raise mode, refuses it"
+        "or HISTORY = gradguard.guard([]), which detaches what is stored, or refuses it in raise mode"
     ]  # fmt: skip
 
 
@@ -104,7 +105,8 @@ def test_a_module_in_detach_mode_is_repaired_and_counted(tmp_path: Path) -> None
     leaked = int(run.stdout.split("leaked: ")[1])
     assert leaked < 4  # repaired: only the records the watch's grace leaves are still attached
     err = run.stderr
-    stats = _row(err, "audit  __main__:HISTORY[*]['loss']")  # the repairs, counted in the stats table
+    (line,) = [line for line in err.splitlines() if line.startswith("audit  __main__:HISTORY[*]['loss']  ")]
+    stats = [cell.strip() for cell in line.split("  ") if cell.strip()]  # the repairs, counted in the stats table
     assert int(stats[2]) == int(stats[3]) == 4 - leaked
     assert err[err.index("gradguard watch:") :].startswith("gradguard watch: 4 step boundaries")
     assert _row(err, "__main__:HISTORY[*]['loss']")[-2].startswith("repaired")  # and what it gave back, measured
@@ -143,7 +145,7 @@ def test_warnings_at_a_module_run_with_dash_m_name_its_line(tmp_path: Path) -> N
     assert "stored graphs: 0" in run.stdout
     err = run.stderr
     assert "train.py:16: GraphRetentionWarning: 1 tensor(s) carr" in err  # the store's warning, at STORE.append
-    assert "train.py:18: GraphRetentionWarning: gradguard: __main__:HISTORY[*] keeps an autograd graph" in err
+    assert "train.py:18: GraphRetentionWarning: gradguard: __main__:HISTORY[*]\n  keeps an autograd graph" in err
 
 
 def test_a_clean_script_passes_in_raise_mode(tmp_path: Path) -> None:
@@ -234,7 +236,7 @@ def test_gradguard_audit_turns_the_watch_on_for_the_whole_process(tmp_path: Path
     script.write_text(IMPORTS_GRADGUARD)
     run = _python(script, GRADGUARD_AUDIT="1", GRADGUARD="warn")
     assert run.returncode == 0 and "done" in run.stdout, run.stderr
-    assert "GraphRetentionWarning: gradguard: __main__:HISTORY[*] keeps an autograd graph" in run.stderr
+    assert "GraphRetentionWarning: gradguard: __main__:HISTORY[*]\n  keeps an autograd graph" in run.stderr
     unset = _python(script, GRADGUARD_AUDIT=None, GRADGUARD="warn")
     assert unset.returncode == 0 and "GraphRetentionWarning" not in unset.stderr, unset.stderr
     repaired = _python(script, GRADGUARD_AUDIT="1", GRADGUARD=None)  # the default mode: detach repairs
@@ -430,7 +432,7 @@ def test_a_store_refusal_is_in_the_summary(tmp_path: Path) -> None:
     summary = run.stderr[run.stderr.index("gradguard stats:") :].splitlines()
     assert summary[1].split() == ["store", "site", "records", "tensors", "detached", "released", "(est.)", "refused"]
     assert summary[3].split() == ["metrics", f"{tmp_path / 'train.py'}:4", "1", "0", "0", "B", "1"]
-    assert summary[4] == (
-        "gradguard watch: no optimizer step and no backward was seen: no step boundary was checked"
-        " (the guarded stores' records were: above)"
-    )
+    assert summary[4:6] == [
+        "gradguard watch: no optimizer step and no backward was seen: no step boundary was checked (the",
+        "  guarded stores' records were: above)",
+    ]

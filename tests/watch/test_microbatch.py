@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from _tables import flat
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -74,7 +75,7 @@ def test_the_seed_shape_is_raised_within_its_first_step_naming_the_store() -> No
     with pytest.raises(gradguard.GraphRetentionError) as raised:
         _train(engine, 2, 12, gradguard.watch(mode="raise", ignore=elsewhere))
     assert engine.at is not None and engine.at[0] == 0 and engine.at[1] <= 3
-    text = str(raised.value)
+    text = flat(str(raised.value))
     assert "self.output_lst[*]['model_output']['log_probs']" in text
     assert "across the micro-batches of one step" in text and "the backward itself completed" in text
     assert "fix: detach before storing into self.output_lst[0]['model_output']['log_probs']" in text
@@ -270,7 +271,7 @@ def test_within_step_leaks_are_raised_in_their_first_step_naming_the_holder(case
     with pytest.raises(gradguard.GraphRetentionError) as raised:
         with gradguard.watch(mode="raise", ignore=elsewhere):
             run(first, g, 3, 8)
-    text = str(raised.value)
+    text = flat(str(raised.value))
     assert holder in text and "across the micro-batches of one step" in text, text
 
 

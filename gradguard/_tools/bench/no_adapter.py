@@ -50,7 +50,10 @@ LEAST = REPORT_WITHIN + 4
 
 
 def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else ""
+    """The message's first sentence: its lines up to the first indented one (a holder's), as one line."""
+    lines = text.strip().splitlines()
+    head = next((i for i, line in enumerate(lines) if i and line.startswith(" ")), len(lines))
+    return " ".join(line.strip() for line in lines[:head])
 
 
 def _one_run(
