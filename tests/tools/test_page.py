@@ -3,6 +3,7 @@ out, bad paths refused before anything runs, what is missing named with what to 
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 
@@ -140,3 +141,49 @@ def test_a_folder_of_only_a_corrupt_report_still_makes_a_page_that_says_so(tmp_p
     text = page.read_text()
     assert '<li class="bad">report-r1-node-1-5-00.json: unreadable (' in text and 'id="no-curve"' in text
     assert "nothing was checked" in text and plot.stat().st_size > 0
+
+
+def test_a_holders_path_reads_back_as_its_links() -> None:
+    from gradguard._tools.page.chain import links
+
+    assert links("__main__:engine.output_lst[*]['model_output']['log_probs']") == [
+        "__main__:engine", ".output_lst", "[*]", "['model_output']", "['log_probs']"
+    ]  # fmt: skip
+    assert links("mypkg.train:trainer.metrics['a].b']") == ["mypkg.train:trainer", ".metrics", "['a].b']"]
+    assert links("train.py in Trainer.step: self.losses[*]") == ["train.py in Trainer.step: self", ".losses", "[*]"]
+    assert links("mypkg.nodes:head(.next)*.value") == ["mypkg.nodes:head", "(.next)*", ".value"]
+    assert links("mypkg:cache.keys()[*]") == ["mypkg:cache", ".keys()", "[*]"]
+    assert links("closure of mypkg:make.<locals>.add: total") == ["closure of mypkg:make.<locals>.add: total"]
+
+
+def test_each_holder_opens_to_its_retainer_chain_with_what_each_link_keeps(tmp_path: Path) -> None:
+    """Two holders under one engine: the engine's link keeps both, each deeper link its own holder's."""
+    from _reports import holder, process
+
+    from gradguard._launch import _names, _report
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    seed = "__main__:engine.output_lst[*]['model_output']['log_probs']"
+    holders = [
+        holder(4096, "warned", seed.replace("[*]", "[0]"), holder=seed, tensors=3, nodes=18, node_bytes=12288),
+        holder(1024, "warned", "__main__:engine.last['loss']", holder="__main__:engine.last['loss']", tensors=1,
+               nodes=3, node_bytes=2048),
+    ]  # fmt: skip
+    report = process(top=True, boundaries=4, audits=4, holders=holders)
+    _report.write(str(folder / _names.file_name("r1", "node-1", 100)), report)
+    assert commands.report(str(folder), None, html=str(tmp_path / "page.html")) == 0
+    text = html.unescape((tmp_path / "page.html").read_text())
+    opens = rf'<code class="path">{re.escape(seed)}</code>\s*<details class="chain" data-links="5">'
+    found = re.search(rf"{opens}(.*?)</details>", text, re.DOTALL)
+    assert found, text
+    said = [re.sub(r"<[^>]+>", "", li).strip() for li in re.findall(r"<li[^>]*>(.*?)</li>", found[1])]
+    assert said == [
+        "__main__:engine keeps 4 tensor(s), 5.0 KiB pinned, 21 (~14.0 KiB) graph nodes (2 holders through it)",
+        ".output_lst keeps 3 tensor(s), 4.0 KiB pinned, 18 (~12.0 KiB) graph nodes",
+        "[*] keeps 3 tensor(s), 4.0 KiB pinned, 18 (~12.0 KiB) graph nodes",
+        "['model_output'] keeps 3 tensor(s), 4.0 KiB pinned, 18 (~12.0 KiB) graph nodes",
+        "['log_probs'] keeps 3 tensor(s), 4.0 KiB pinned, 18 (~12.0 KiB) graph nodes",
+    ]
+    assert f'title="{seed}"' in text  # the last link's whole path, on hover
+    assert len(re.findall(r'<details class="chain"', text)) == 2

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._errors import GradGuardError
-from ..._policy.message import human
+from ..._policy.message import human, nodes_text
+from .chain import chains
 from .plot import colour, curves, svg
 
 __all__ = ["Process", "html_page", "png_plot", "require"]
@@ -55,13 +56,16 @@ def _processes(processes: Sequence[Process]) -> list[tuple[str, Any, Any]]:
 
 
 def _holders(processes: Sequence[Process]) -> list[dict[str, Any]]:
-    """One row per holder (merged over the processes that had it), the leaking ones first."""
+    """One row per holder (merged over the processes that had it), the leaking ones first, each with its
+    retainer chain (a link's figures: the most any one of those processes kept through it)."""
     rows: dict[str, dict[str, Any]] = {}
     for p in processes:
+        linked = chains(p.report.holders)
         for h in p.report.holders:
             row = rows.get(h.holder)
             if row is None:
-                row = rows[h.holder] = {**dataclasses.asdict(h), "processes": [], "pinned": 0}
+                row = rows[h.holder] = {**dataclasses.asdict(h), "processes": [], "pinned": 0, "chain": []}
+            row["chain"] = _most(row["chain"], linked[h.holder])
             row["processes"].append(p.label)
             row["pinned"] = max(row["pinned"], h.pinned_bytes)
             row["nodes"] = max(row["nodes"], h.nodes)
@@ -69,10 +73,23 @@ def _holders(processes: Sequence[Process]) -> list[dict[str, Any]]:
             if h.outcome == "raised" or row["outcome"] == "bounded":
                 row["outcome"] = h.outcome
     for row in rows.values():
+        for link in row["chain"]:
+            link["pinned_text"] = human(link["pinned_bytes"])
+            link["nodes_text"] = nodes_text(link["nodes"], link["node_bytes"])
         row["pinned_text"] = human(row["pinned"])
         row["released_text"] = human(row["released_bytes"]) if row["released_bytes"] else ""
         row["leaking"] = row["outcome"] != "bounded"
     return sorted(rows.values(), key=lambda r: (not r["leaking"], -r["pinned"], r["holder"]))
+
+
+def _most(chain: list[dict[str, Any]], other: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Two processes' chains of one holder as one: each link's figures the larger of the two."""
+    if not chain:
+        return [dict(link) for link in other]
+    for mine, theirs in zip(chain, other):
+        for key in ("holders", "tensors", "pinned_bytes", "nodes", "node_bytes"):
+            mine[key] = max(mine[key], theirs[key])
+    return chain
 
 
 def _context(processes: Sequence[Process], problems: Sequence[str], summary: str, folder: str) -> dict[str, Any]:
