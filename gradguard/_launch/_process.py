@@ -195,6 +195,14 @@ class _Process:
     def _exiting(self) -> None:
         self.at_exit = True
         watcher = self.watcher
+        if watcher is not None:
+            try:  # a process that ran no backward and stepped no optimizer: what its idle looks saw
+                error = watcher.conclude()
+            except Exception as exc:  # noqa: BLE001 - at exit: said, not raised
+                error = None
+                self._say(f"gradguard: the watch's last verdict failed: {type(exc).__name__}: {exc}")
+            if error is not None:
+                self._say(str(error))
         if self.forked and (watcher is None or watcher.boundaries == self.base.figures.boundaries):
             return  # a fork child that never stepped (a DataLoader worker): nothing of its own to say
         try:

@@ -12,38 +12,42 @@ watcher's :class:`~gradguard._watch.records.Records`; the holders it found, to i
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Hashable
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
 from .._errors import GraphRetentionError, GraphRetentionWarning
-from .._graph.liveness import Liveness
+from .._graph.liveness import GraphState, Liveness
+from .._graph.memory import graph_memory
+from .._graph.nodes import nodes as graph_nodes
 from .._graph.stamps import Ledger, epochs_below, micros_below, oldest_below
 from .._heap.census import live_graph_tensors
 from .._heap.paths import Path
 from .._policy import stats as _stats
 from .._policy.modes import DETACH, OFF, RAISE, WARN, Mode, resolve
 from .._policy.site import user_frame, warn_at
-from .audit import Retention, RetentionReport, scan_lock, scan_tensors
+from .audit import Finding, Retention, RetentionReport, scan_lock, scan_tensors
 from .criterion import Leak, ages, judge
 from .governor import Governor
 from .known import Known, repair_dead
-from .messages import MICRO, raise_message, unrepaired_message, warn_message
+from .messages import IDLE, MICRO, raise_message, unrepaired_message, warn_message
 from .micro import Decision, Searches, count, decide, forget_empty, judged
 from .micro import judge as judge_micro
+from .recipes import Recipe
 from .records import STORE, Records, count_repair, measure_before_repairs
 from .repair import REPAIRED, repair
 from .summary import BOUNDED
 from .threads import ThreadState, arm
-from .tuning import MICRO_FREE, OPTIMIZER_RESCAN
+from .tuning import IDLE_FREE, MICRO_FREE, OPTIMIZER_RESCAN
 
-__all__ = ["OPTIMIZER_RESCAN", "Auditor"]
+__all__ = ["OPTIMIZER_RESCAN", "Auditor", "Pile"]
 
 
 _clock = time.perf_counter
@@ -76,6 +80,9 @@ class Auditor:
         self._lock = threading.Lock()
         self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # the live optimizers known
         self._rescan_at = 0.0
+        self._idle_looks = 0  # idle looks that saw graph tensors
+        self._idle_ledger = Ledger()  # the graphs each idle look saw, stamped with its number
+        self._idle_cost = 0.0  # the last one's
 
     def met(self, optimizers: tuple[Any, ...]) -> None:
         """These optimizers stepped: they are known from now on."""
@@ -293,11 +300,14 @@ class Auditor:
             with scan_lock:
                 if state.following:
                     self._read_followed(state, n, step, mode, leaks, seen)
+                free = backoff.misses < MICRO_FREE  # the clock's start-up: served whatever it costs
                 decision = decide(old, old in seen, backoff, n, hunting, self._affords)
                 if decision.action == "search" and not hunting:
                     # As the step clock does: a graph only cyclic garbage keeps (a kept exception, a record
                     # that refers to itself) costs a collection of the young generations, not a search.
                     garbage = state.micro_collector.garbage(lambda: ledger.micro_old(n), step)
+                    if garbage is None and free:
+                        garbage = False  # no collection affordable now: the search itself tells a holder
                     if garbage is not False:
                         # counted as a request that found nothing: the next ones wait for the back-off's gap, and
                         # the collector's ration (shared with the step clock) is not spent at every backward
@@ -315,7 +325,9 @@ class Auditor:
                 if not decision.why.startswith("declined"):
                     ledger.micro_horizon = n - 1
             cost = _clock() - start
-            self._governor.charge(cost)
+            # The start-up searches are not the share's: one on a large heap would leave it spent for as long
+            # as the program ran until then, and decline every later request of either clock.
+            self._governor.charge(cost, startup=free and decision.action == "search")
             if decision.action == "search":
                 with self._records.lock:
                     self._records.spent += cost
@@ -407,6 +419,115 @@ class Auditor:
         # and dropped since (it stopped growing) does not make the next searches free again.
         return new or bool(leaks)
 
+    def look_idle(self, piles: dict[str, Pile]) -> bool:
+        """An idle look: every graph tensor alive and its holder, noted in ``piles`` by holder (what the look
+        saw, and how many looks found it grown since the one before). The first looks that see graphs run at
+        once, the others within the watch's share of the time. Returns whether a holder was new or grew (else
+        the memory figure's rule backs off)."""
+        start = _clock()
+        self._governor.start(start)
+        if self._idle_looks >= IDLE_FREE and not self._governor.affords(self._idle_cost, start):
+            return False
+        grew = False
+        with scan_lock:
+            tensors = live_graph_tensors(set())
+        if not tensors:  # the rise was something else's (imports, data): a census, not an audit
+            self._governor.charge(_clock() - start)
+            return False
+        try:
+            with scan_lock:
+                self._idle_looks += 1
+                # In a forward kept whole, most graph tensors alive are its saved activations: held by the graph
+                # of another, named through it; the heap is searched for the others only.
+                inside: set[int] = set()
+                graph_memory([t.grad_fn for t in tensors], set(), inside)
+                tensors = [t for t in tensors if id(t) not in inside]
+                findings, _ = scan_tensors(tensors, self._ignore, set(), _Unused())  # type: ignore[arg-type]
+                del tensors
+                # A graph that holds one an earlier look saw grew from it (a chain each step extends), whatever
+                # holds it now (the loop's variable, or the same tensor as a function's argument).
+                roots = [t.grad_fn for finding in findings for t in finding.tensors]
+                older = oldest_below(roots, self._idle_ledger)
+                for root in roots:
+                    self._idle_ledger.place(root, self._idle_looks)
+                del roots
+                # A holder grew when it keeps what an earlier look saw and more besides; one whose graph was
+                # replaced (a function's local, made anew at each call) did not, whatever its size now. Only
+                # the holders this look saw are kept: one that let go of its graphs pins nothing now.
+                seen_now: dict[str, Pile] = {}
+                for finding in findings:
+                    seen = finding.retention
+                    last = piles.get(finding.key)
+                    nodes = _node_count(finding.tensors)
+                    extends = any(t.grad_fn in older for t in finding.tensors)
+                    more = extends and (last is None or seen.tensors > last.tensors or nodes > last.nodes)
+                    grew = grew or more or last is None
+                    recipe = last.recipe if last is not None else Recipe.of(finding.paths[0])
+                    count = (last.grew if last is not None else 0) + 1 if more else 0
+                    seen_now[finding.key] = Pile(seen, count, recipe, seen.tensors, nodes)
+                piles.clear()
+                piles.update(seen_now)
+                del findings, older, seen_now
+        finally:
+            cost = self._idle_cost = _clock() - start
+            self._governor.charge(cost)
+            with self._records.lock:
+                self._records.spent += cost
+                self._records.counts["audits"] += 1
+                self._records.counts["searches"] += 1
+        return grew
+
+    def read_idle(self, piles: dict[str, Pile]) -> bool:
+        """Between idle looks: the holders they found, read by name (no heap pass): how many graph tensors
+        and graph nodes each keeps now, and whether that grew since the last look or read (returned). One
+        seen growing once is not read again: the verdict needs no more."""
+        start = _clock()
+        grew = False
+        with scan_lock:
+            for key, pile in list(piles.items()):
+                if pile.recipe is None or pile.grew:
+                    continue
+                tensors = [t for t, _ in pile.recipe.resolve()]
+                if not tensors:
+                    continue
+                nodes = _node_count(tensors)
+                older = oldest_below([t.grad_fn for t in tensors], self._idle_ledger)
+                extends = any(t.grad_fn in older for t in tensors)  # not a graph made anew since the look
+                more = extends and (len(tensors) > pile.tensors or nodes > pile.nodes)
+                del older
+                seen = dataclasses.replace(pile.seen, tensors=len(tensors)) if more else pile.seen
+                piles[key] = pile._replace(seen=seen, grew=pile.grew + more, tensors=len(tensors), nodes=nodes)
+                grew = grew or more
+                del tensors
+        self._governor.charge(_clock() - start)
+        return grew
+
+    def conclude_idle(self, piles: dict[str, Pile], mode: Mode) -> GraphRetentionError | None:
+        """The idle looks' verdict (see :meth:`gradguard._watch.watcher.Watcher.conclude`)."""
+        leaks = [
+            Leak(
+                Finding(pile.seen, key, (), ()),
+                list(range(pile.seen.tensors)),
+                0,
+                [pile.seen.alive] * pile.seen.tensors,
+            )
+            for key, pile in piles.items()
+            if pile.grew
+        ]
+        if not leaks:
+            return None
+        boundaries = self._boundaries()
+        if mode == RAISE:
+            self._records.note(leaks, "raised", boundaries, clock="idle")
+            error = GraphRetentionError(raise_message(leaks, IDLE))
+            error.report = RetentionReport([leak.finding.retention for leak in leaks])  # type: ignore[attr-defined]
+            return error
+        self._records.note(leaks, "warned", boundaries, clock="idle")
+        for leak in leaks:
+            if _stats.claim_warning(STORE, leak.finding.key, "warn"):
+                warnings.warn(warn_message(leak, IDLE), GraphRetentionWarning, stacklevel=2)
+        return None
+
     def mark(self) -> Ledger:
         """Stamp every graph alive now: :meth:`outlived`'s starting point.
 
@@ -452,6 +573,30 @@ class Auditor:
             with self._records.lock:
                 self._records.spent += cost
                 self._records.counts["audits"] += 1
+
+
+class Pile(NamedTuple):
+    """What the last idle look saw of one holder (strings and numbers only), how many looks or reads found it
+    grown since the one before, its recipe (read by name between looks) and its figures at the last read."""
+
+    seen: Retention
+    grew: int
+    recipe: Recipe | None = None
+    tensors: int = 0
+    nodes: int = 0
+
+
+class _Unused:
+    """The liveness of graphs no backward ran through yet (an idle look's): usable whole, so not walked (the
+    walk of a chain that holds its own earlier links is quadratic)."""
+
+    def state(self, node: Any) -> GraphState:
+        return GraphState(True, frozenset(), 0)
+
+
+def _node_count(tensors: Sequence[torch.Tensor]) -> int:
+    """The autograd nodes of ``tensors``' graphs, each once."""
+    return sum(1 for _ in graph_nodes(t.grad_fn for t in tensors))
 
 
 def _micro_leak(finding: Any, dead: list[int], micros: dict[Any, int], n: int) -> Leak:

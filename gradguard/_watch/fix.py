@@ -194,9 +194,11 @@ def _override(hook: str) -> str | None:
 
 
 def _frame_where(frame: types.FrameType) -> str:
-    """``train.py:42 in main``, the file named as :func:`_short` names it."""
+    """``train.py:42 in main``, the file named as :func:`_short` names it (``train.py in main`` for a frame
+    stopped where it has no line: between two of its bytecodes that belong to none)."""
     code = frame.f_code
-    return f"{_short(code.co_filename)}:{frame.f_lineno} in {frame_qualname(frame)}"
+    line = "" if frame.f_lineno is None else f":{frame.f_lineno}"
+    return f"{_short(code.co_filename)}{line} in {frame_qualname(frame)}"
 
 
 def _short(filename: str) -> str:

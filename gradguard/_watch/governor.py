@@ -49,6 +49,10 @@ class Governor:
         self.signals = 0.0
         """Seconds of constant-time work at boundaries (the signals, the boundary's bookkeeping)."""
 
+    def locked(self) -> bool:
+        """Whether its account is being written now (an idle look, which must not wait, is then not taken)."""
+        return self._lock.locked()
+
     def start(self, now: float) -> None:
         """The first boundary was seen at ``now`` (later calls change nothing)."""
         if self.started is None:

@@ -9,10 +9,13 @@ from .audit import Retention
 from .criterion import Leak
 from .repair import LIVE, PARTLY, Repair
 
-__all__ = ["MICRO", "named", "raise_message", "unrepaired_message", "warn_message"]
+__all__ = ["IDLE", "MICRO", "named", "raise_message", "unrepaired_message", "warn_message"]
 
 MICRO = " across the micro-batches of one step"
 """What a leak found at a micro-batch boundary is kept across, for the messages (as ``ended``)."""
+
+IDLE = " that grew while no backward ran and no optimizer stepped (no backward ever used it)"
+"""What a leak the idle looks found kept its graphs through, for the messages (as ``ended``)."""
 
 
 _RAISED = "gradguard.GraphRetentionError: "

@@ -138,6 +138,12 @@ class watch(Scope):
         self.watcher = Watcher(every=every, mode=mode, ignore=ignore, memory=memory)
         super().__init__(None, [WatchInstall(self.watcher, ("watch", f"#{next(_serial)}"))])
 
+    def __exit__(self, *exc_info: object) -> None:
+        super().__exit__(*exc_info)
+        error, self.watcher._idle_error = self.watcher._idle_error, None
+        if error is not None and exc_info[0] is None:
+            raise error  # the idle looks' verdict in raise mode: graphs that grew, which no backward used
+
     def __repr__(self) -> str:
         w = self.watcher
         return f"gradguard.watch(every={w.every!r}, mode={w.mode!r})"

@@ -51,7 +51,8 @@ class HolderHistory:
         released_bytes: Memory the repairs measurably gave back (the memory figure before and after a
             repair; 0 where nothing was measured: then ``pinned_bytes`` is the estimate).
         clock: ``"step"`` when it was found keeping graphs across optimizer steps, ``"micro"`` when found
-            growing across the micro-batches of one step (``survived`` then counts micro-batch boundaries).
+            growing across the micro-batches of one step (``survived`` then counts micro-batch boundaries),
+            ``"idle"`` when found growing while no backward ran and no optimizer stepped.
     """
 
     holder: str
@@ -238,7 +239,8 @@ def summarize(
     several = len(watches) > 1 or any(w.name for w in watches)
     f = functools.reduce(operator.add, [w.figures for w in watches])
     where = f" in {plural(len(watches), 'process')}" if several else ""
-    if not f.boundaries and not f.backwards:
+    idle = not f.boundaries and not f.backwards
+    if idle and not f.audits:
         return _lines(f"{title}: no optimizer step and no backward was seen{where}: {nothing}")
     where = f",{where}" if where else ""
     since = "their time since the first" if len(watches) > 1 else "the time since the first"
@@ -247,6 +249,9 @@ def summarize(
     steps = plural(f.boundaries, "step boundary") if f.boundaries else "no optimizer step"
     micro = f" ({plural(f.backwards, 'backward')})" if f.backwards else ""
     head = f"{title}: {steps}{micro}, {f.audits} audited{asked}{where}{share}"
+    if idle:
+        looks = plural(f.audits, "look")
+        head = f"{title}: no optimizer step and no backward, {looks} when the memory grew{where}{share}"
     memory = [_memory(watches)] if _memory(watches) else []
     if not f.audits:
         return _lines(f"{head}: no audit ran, {nothing}", *memory)
@@ -260,6 +265,8 @@ def summarize(
         *memory,
         *([f"not audited, so not checked: {', '.join(unaudited)}"] if unaudited else []),
     ]
+    if not leaks and idle:
+        return _lines(head, "no holder's graphs grew from one look to the next", *tail)
     if not leaks:
         followed = f" ({plural(f.stamped, 'graph node')} followed)" if f.stamped else ""
         if f.unexplained:
@@ -283,6 +290,7 @@ def summarize(
     across = {
         frozenset({"step"}): "across step boundaries",
         frozenset({"micro"}): "across the micro-batches of a step",
+        frozenset({"idle"}): "that grew while no backward ran and no optimizer stepped",
     }.get(frozenset(clocks), "across micro-batches and step boundaries")
     verdict = (
         f"{plural(len(leaks), 'holder')} kept autograd graphs {across}{in_processes} "

@@ -18,6 +18,8 @@ __all__ = [
     "GAP_CAP",
     "HUNTING_BACKSTOP_SHARE",
     "HUNTING_FIRST",
+    "IDLE_FREE",
+    "IDLE_PERIOD",
     "KEPT_BOUNDARIES",
     "MEMORY_FIRST",
     "MICRO_FREE",
@@ -113,6 +115,12 @@ micro-batch's record may still be named by a local the program rebinds after its
 FOLLOW = 16
 """Micro-batch boundaries a holder is read by name without growing before it is no longer followed."""
 
+IDLE_FREE = 2
+"""Idle looks that see graphs served at once, the first growth's two sides; the others within :data:`SHARE`."""
+
+IDLE_PERIOD = 0.02
+"""Seconds between two readings of the memory figure of a program that has run no backward and stepped no
+optimizer yet (a look follows only when the figure grew)."""
 
 # --- stamps --------------------------------------------------------------------------------------------
 
@@ -186,6 +194,8 @@ TABLE: dict[str, tuple[float, str]] = {
     "OPTIMIZER_RESCAN": (OPTIMIZER_RESCAN, "optimizers made before the watch found vs census passes"),
     "MICRO_FREE": (MICRO_FREE, "the seed's store found in its first step vs searches on clean programs"),
     "FOLLOW": (FOLLOW, "a slow store judged vs reads of a GPipe list; tests/watch/test_microbatch.py"),
+    "IDLE_FREE": (IDLE_FREE, "a short loop judged from its first two looks vs their cost"),
+    "IDLE_PERIOD": (IDLE_PERIOD, "a short evaluation loop looked at twice vs a thread's wake-ups"),
     "STAMP_FIRST": (STAMP_FIRST, "records below the loss seen from the first steps vs their stamping"),
     "DEEP_NODES": (DEEP_NODES, "how far below the loss a record is seen vs stamping cost"),
     "MOST": (MOST, "holders read by name vs the memory of their recipes"),

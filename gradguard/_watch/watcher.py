@@ -20,12 +20,13 @@ from typing import Any
 
 import torch
 
+from .._errors import GraphRetentionError
 from .._graph.stamps import Ledger
 from .._heap.census import promotions
 from .._policy.modes import DETACH, OFF, Mode, normalize_mode, resolve
-from . import backwards
+from . import backwards, idle
 from .audit import Ignore, RetentionReport, check_ignore
-from .auditing import Auditor
+from .auditing import Auditor, Pile
 from .governor import Governor
 from .known import Known
 from .options import Every, parse_every, parse_memory, parse_optimizers
@@ -104,6 +105,9 @@ class Watcher:
         self._listeners: list[Callable[[Watcher, BaseException | None], None]] = []
         self._backwards: backwards.Handle | None = None
         self._promotions: tuple[int, int] | None = None  # the collector's when the watcher started following
+        self._ticked = False  # a boundary of either clock was seen: the idle looks are over
+        self._piles: dict[str, Pile] = {}  # what the idle looks saw
+        self._idle_error: GraphRetentionError | None = None  # the idle verdict, raised when the scope leaves
 
     def __repr__(self) -> str:
         return f"gradguard.Watcher(every={self.every!r}, mode={self.mode!r})"
@@ -121,9 +125,15 @@ class Watcher:
                 self._failures = backwards.failures()
                 self._backwards = handle = backwards.listen(_weak_listener(self))
                 weakref.finalize(self, handle.remove)  # a watcher dropped without close()
+        if not self._ticked:
+            idle.follow(self)
 
     def close(self) -> None:
-        """Stop following backwards; what the watcher found stays readable. It starts again at the next boundary."""
+        """Stop following backwards; what the watcher found stays readable. It starts again at the next boundary.
+
+        A watcher that saw no boundary of either clock concludes its idle looks here (:meth:`conclude`)."""
+        self._idle_error = self.conclude()
+        idle.retire(self)
         with self._lock:
             handle, self._backwards = self._backwards, None
             if handle is not None:
@@ -133,6 +143,7 @@ class Watcher:
 
     def _on_backward(self, roots: Sequence[Any], nested: bool) -> backwards.After | None:
         start = _clock()  # finding the thread's state is the watch's work too
+        self._ticked = True
         try:
             state: ThreadState = self._local.state
         except AttributeError:
@@ -236,6 +247,7 @@ class Watcher:
             state = self._state()
         if state.busy:
             return None
+        self._ticked = True
         sequence = _sequence_nr()
         if sequence == state.sequence and source not in state.stepped:
             # another optimizer (or a callback) at the same step: one boundary, which ages its graphs too
@@ -320,6 +332,48 @@ class Watcher:
         micro = sum(s.micro for s in self._states)
         with self._timeline_lock:
             self.timeline.event(kind, holder, self._boundaries(), micro, _clock() - self._started, bytes)
+
+    def ticked(self) -> bool:
+        """Whether a boundary of either clock was seen.
+
+        Returns:
+            ``True`` once a backward or an optimizer step was seen (the idle looks are over then).
+        """
+        return self._ticked
+
+    def _idle_look(self) -> bool:
+        """An idle look (see :mod:`gradguard._watch.idle`), in the main thread; whether a holder grew."""
+        if self._ticked or self._locked():
+            return False
+        return self._auditor.look_idle(self._piles)
+
+    def _idle_read(self) -> bool:
+        """Between idle looks, in the main thread: the holders they found, read by name; whether one grew."""
+        if self._ticked or not self._piles or self._locked():
+            return False
+        return self._auditor.read_idle(self._piles)
+
+    def _locked(self) -> bool:
+        """Whether a lock an idle look takes is held (by the thread it interrupted: it must not wait)."""
+        return self._lock.locked() or self._records.lock.locked() or self._governor.locked()
+
+    def conclude(self) -> GraphRetentionError | None:
+        """The idle looks' verdict, once: when no boundary of either clock was seen, the holders whose graphs
+        grew from one look to the next kept graphs no backward used; they are noted (the summary's rows) and
+        acted on by the mode in force: ``warn`` and ``detach`` warn once each (nothing is repaired: no
+        backward showed the graphs dead), ``raise`` returns the error for the caller to raise (a
+        :class:`watch` scope raises it as it leaves, ``gradguard run`` fails the run with it).
+
+        Returns:
+            The :class:`GraphRetentionError` of ``raise`` mode, or ``None``.
+        """
+        piles, self._piles = self._piles, {}
+        if self._ticked or not piles:
+            return None
+        mode = self.mode or resolve(None)
+        if mode == OFF:
+            return None
+        return self._auditor.conclude_idle(piles, mode)
 
     def _meet(self, state: ThreadState, source: Hashable, optimizers: tuple[Any, ...]) -> ParameterCount:
         """This optimizer's first boundary in this thread."""

@@ -460,3 +460,30 @@ def test_a_deque_with_maxlen_is_bounded_on_the_step_clock_too() -> None:
     assert [row.holder.rsplit(": ", 1)[1] for row in scope.watcher.bounded()] == ["last4[*]"]
     for a, b in zip(plain.parameters(), watched.parameters()):
         assert torch.equal(a, b)
+
+
+def test_a_costly_first_search_and_a_spent_collector_do_not_starve_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a large heap the micro-batch clock's first search can take longer than the program ran so far, and
+    its collections their ration: those are the clock's start-up, and the store is still found in the first
+    step (a search charged to the share, or a collection refused, had declined every later request)."""
+    from gradguard._watch import auditing, garbage
+
+    search = auditing.Auditor._search_micro
+    clock = auditing._clock
+    late = [0.0]
+
+    def slow_search(self: Any, *args: Any) -> bool:
+        found = search(self, *args)
+        late[0] = late[0] or 30.0  # the first search took 30 seconds, as a large heap can make it
+        return found
+
+    def spent(self: Any, oldest: Callable[[], int | None], boundary: int) -> bool | None:
+        return None  # no collection affordable
+
+    monkeypatch.setattr(auditing, "_clock", lambda: clock() + late[0])
+    monkeypatch.setattr(auditing.Auditor, "_search_micro", slow_search)
+    monkeypatch.setattr(garbage.Collector, "garbage", spent)
+    engine = Engine(_model())
+    with pytest.raises(gradguard.GraphRetentionError, match=r"self\.output_lst\[\*\]"):
+        _train(engine, 2, 12, gradguard.watch(mode="raise", ignore=elsewhere))
+    assert engine.at is not None and engine.at[0] == 0
