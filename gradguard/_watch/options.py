@@ -10,7 +10,7 @@ import torch
 from .._errors import GradGuardError
 from .._policy.validate import EVERY_ACCEPTED, Every, refusal
 from .._policy.validate import every as parse_every
-from .trigger import TriggerSettings
+from .trigger import DEFAULT_MEMORY, TriggerSettings
 
 __all__ = ["EVERY_ACCEPTED", "Every", "parse_every", "parse_memory", "parse_optimizers"]
 
@@ -35,7 +35,7 @@ def parse_memory(value: object, every: Every) -> TriggerSettings | None:
         GradGuardError: anything else, naming ``memory``, the value and what is accepted.
     """
     if value is True:
-        return TriggerSettings()
+        return DEFAULT_MEMORY
     if value is False or value is None:
         return None
     if isinstance(value, TriggerSettings):

@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from .allocated import AllocatedReader
+from .allocated import CPU, AllocatedReader
 from .backoff import Backoff
 from .governor import BACKSTOP_SHARE, SHARE, Governor
-from .trigger import RESIDENT_FLOOR, Trigger, TriggerSettings
+from .trigger import DEFAULT_MEMORY, RESIDENT_FLOOR, Trigger, TriggerSettings
 from .tuning import HUNTING_BACKSTOP_SHARE, HUNTING_FIRST, MEMORY_FIRST, OLD, OLD_HUNTING, QUIET, READ_SHARE, STARTUP
 from .tuning import STEP_FREE as FREE
 
@@ -102,9 +102,10 @@ class Schedule:
         if memory is not None:
             share = None if every != "auto" else READ_SHARE
             made = (reader or (lambda: AllocatedReader(cpu="statm", share=share, clock=clock)))()
-            if made.cpu_source == "statm" and memory.floor < RESIDENT_FLOOR:
-                memory = dataclasses.replace(memory, floor=RESIDENT_FLOOR)
-            self._reader, self._trigger = made, Trigger(memory)
+            # The resident set moves by whole mappings: its own floor, for the CPU figure of the default rule
+            # only (a CUDA figure, and a floor the user chose, are kept as they are).
+            floors = {CPU: RESIDENT_FLOOR} if made.cpu_source == "statm" and memory is DEFAULT_MEMORY else None
+            self._reader, self._trigger = made, Trigger(memory, floors)
         self.quiet_until = -math.inf
         """Before this time, a boundary with no signal, past the start-up check and before
         :attr:`retry_due`, asks for nothing: the caller may skip :meth:`boundary` for it (see

@@ -50,14 +50,6 @@ class ParameterCount:
         """The optimizers still alive."""
         return [o for o in (ref() for ref in self._optimizers) if o is not None]
 
-    def changed(self) -> dict[str, int] | None:
-        """The count by name when it moved since the last call, else ``None``."""
-        count = self.read()
-        if count is None or count == self.last:
-            return None
-        self.last = count
-        return {self.name: count}
-
 
 class ThreadState:
     """One thread's boundaries: their clock, the schedule, the stamps, and the last boundary's step."""

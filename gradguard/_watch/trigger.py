@@ -17,7 +17,7 @@ from .._policy.message import human
 from .._policy.validate import number, whole
 from .tuning import RESIDENT_FLOOR, TRIGGER_BACKOFF, TRIGGER_BOUNDARIES, TRIGGER_FLOOR, TRIGGER_FRACTION, TRIGGER_WINDOW
 
-__all__ = ["RESIDENT_FLOOR", "Request", "Trigger", "TriggerSettings"]
+__all__ = ["DEFAULT_MEMORY", "RESIDENT_FLOOR", "Request", "Trigger", "TriggerSettings"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +79,11 @@ class Request:
         return f"memory grew: {grown}"
 
 
+DEFAULT_MEMORY = TriggerSettings()
+"""The rule of ``memory=True``: the one instance whose CPU figure gets :data:`RESIDENT_FLOOR` where that
+figure is the resident set (a rule the user gives keeps its own floor)."""
+
+
 class _Device:
     """One device's window of figures (a monotonic deque: the mark in O(1)) and its run above threshold."""
 
@@ -92,14 +97,15 @@ class _Device:
         self.growth = 0
         self.threshold = 0
 
-    def push(self, figure: int, settings: TriggerSettings) -> None:
-        """Judge ``figure`` against the mark of the boundaries before it, then add it to the window."""
+    def push(self, figure: int, settings: TriggerSettings, floor: int) -> None:
+        """Judge ``figure`` against the mark of the boundaries before it (``floor``: this device's), then add
+        it to the window."""
         lows = self.lows
         while lows and lows[0][0] < self.seen - settings.window:
             lows.popleft()
         if lows:
             mark = lows[0][1]
-            self.threshold = math.ceil(max(settings.floor, settings.fraction * mark) * self.scale)
+            self.threshold = math.ceil(max(floor, settings.fraction * mark) * self.scale)
             self.growth = figure - mark
             self.above = self.above + 1 if self.growth >= self.threshold else 0
         while lows and lows[-1][1] >= figure:
@@ -127,8 +133,9 @@ class Trigger:
     of ``{}`` (no figure) never ask for anything; a device may come and go.
     """
 
-    def __init__(self, settings: TriggerSettings | None = None) -> None:
+    def __init__(self, settings: TriggerSettings | None = None, floors: Mapping[str, int] | None = None) -> None:
         self.settings = settings if settings is not None else TriggerSettings()
+        self._floors = dict(floors or {})  # a device's own floor, above the settings' (the resident set's)
         self._devices: dict[str, _Device] = {}
         self._last: Mapping[str, int] = {}
         self._asked: tuple[str, ...] | None = None  # the devices of the last request, until it is judged
@@ -146,7 +153,7 @@ class Trigger:
             device = self._devices.get(name)
             if device is None:
                 device = self._devices[name] = _Device()
-            device.push(figure, s)
+            device.push(figure, s, max(s.floor, self._floors.get(name, 0)))
         if self._asked is not None:
             self._close()
         fired = tuple(name for name in readings if self._devices[name].above >= s.boundaries)

@@ -53,7 +53,7 @@ class Watcher:
 
     Args:
         every: ``"auto"`` (the default) or a positive ``int`` N: act on the signals of every N-th
-            boundary at any cost, and audit when none asked within a fifth of the wall time (hunting).
+            boundary at any cost, and audit when none asked within a tenth of the wall time (hunting).
         mode: ``"warn"``, ``"raise"``, ``"detach"``, ``"off"`` (aliases as everywhere in gradguard), or
             ``None``: the mode in force (:func:`gradguard.get_mode`) at each boundary, in its thread.
         ignore: Path prefixes or a predicate, as for :func:`gradguard.audit` (an iterable is read once, here).

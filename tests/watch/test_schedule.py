@@ -20,7 +20,7 @@ from gradguard._watch import threads as _threads
 from gradguard._watch import watcher as _watch
 from gradguard._watch.governor import BACKSTOP_SHARE, SHARE, Governor
 from gradguard._watch.schedule import HUNTING_BACKSTOP_SHARE, STARTUP, Schedule
-from gradguard._watch.trigger import TriggerSettings
+from gradguard._watch.trigger import DEFAULT_MEMORY, TriggerSettings
 
 KiB = 1024
 
@@ -245,7 +245,7 @@ def test_a_rise_of_the_parameters_reference_count_asks_at_once_and_a_steady_coun
 
 def test_memory_growth_asks_once_it_grew_well_past_its_threshold_then_each_time_it_doubled() -> None:
     reader = FakeReader()
-    fast = Run(_fresh(memory=TriggerSettings(), reader=lambda: reader), step=0.0005, cost=0.08)
+    fast = Run(_fresh(memory=DEFAULT_MEMORY, reader=lambda: reader), step=0.0005, cost=0.08)
     for _ in range(2000):
         reader.level += 8 * KiB * 1024  # a detached replay buffer: the figure climbs, no graph is old
         fast()
@@ -312,9 +312,26 @@ def test_a_short_hunt_gets_a_backstop_audit_timed_by_its_start_up_check() -> Non
     assert reasons[0] == "time" and reasons[1:] == [None] * 4  # then its share waits for 1 s
 
 
-def test_a_resident_set_figure_gets_the_coarser_floor() -> None:
-    schedule = Schedule("auto", TriggerSettings(), reader=FakeReader)
-    assert schedule.trigger is not None and schedule.trigger.settings.floor == _schedule.RESIDENT_FLOOR
+def _thresholds(trigger: Any, readings: dict[str, int]) -> dict[str, int]:
+    for _ in range(3):
+        trigger.observe(readings)
+    return dict(trigger.thresholds())
+
+
+def test_a_resident_set_figure_gets_the_coarser_floor_for_itself_only() -> None:
+    """The default rule's CPU figure, where it is the resident set, gets the coarser floor; a CUDA figure
+    beside it keeps the rule's own."""
+    schedule = Schedule("auto", DEFAULT_MEMORY, reader=FakeReader)
+    assert schedule.trigger is not None
+    thresholds = _thresholds(schedule.trigger, {"cpu": 100 * KiB, "cuda:0": 100 * KiB})
+    assert thresholds == {"cpu": _schedule.RESIDENT_FLOOR, "cuda:0": DEFAULT_MEMORY.floor}
+
+
+def test_a_floor_the_user_chose_is_kept_for_the_resident_set_too() -> None:
+    mine = TriggerSettings(floor=64 * KiB)
+    schedule = Schedule("auto", mine, reader=FakeReader)
+    assert schedule.trigger is not None
+    assert _thresholds(schedule.trigger, {"cpu": 100 * KiB}) == {"cpu": 64 * KiB}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -51,3 +51,30 @@ def test_no_other_module_of_the_watch_defines_a_tuned_number_of_its_own() -> Non
                     if isinstance(target, ast.Name) and target.id.isupper() and numeric:
                         own.append(f"{path.name}: {target.id}")
     assert set(own) - DEFINITIONS == set(), own
+
+
+def _flat(path: str) -> str:
+    return " ".join((ROOT / path).read_text().split())
+
+
+def _percent(share: float) -> str:
+    return f"{100 * share:g}%"
+
+
+def test_the_shares_and_counts_the_docs_state_are_the_modules() -> None:
+    """What the pages say of the watch's budget, read against the numbers it runs on."""
+    cli = _flat("docs/reference/cli.md")
+    assert {"2": "two"}[str(tuning.STARTUP)] in cli.split("the first ", 1)[1].split(" step boundaries of each thread")[
+        0
+    ]
+    assert f"a backstop within {_percent(tuning.BACKSTOP_SHARE)} of the time" in cli
+    assert (
+        tuning.BACKSTOP_SHARE == tuning.SHARE / 10 and f"a tenth of the watch's {_percent(tuning.SHARE)} share" in cli
+    )
+    guide = _flat("docs/guide/finding-leaks.md")
+    assert f"read within {_percent(tuning.READ_SHARE)} of the wall time" in guide
+    assert f"within {_percent(tuning.SHARE)} of the wall time" in guide
+    assert f"within {_percent(tuning.SHARE)} of the wall time" in _flat("README.md")
+    assert tuning.HUNTING_BACKSTOP_SHARE == 0.1 and "within a tenth of the wall time (hunting)" in " ".join(
+        (ROOT / "gradguard" / "_watch" / "watcher.py").read_text().split()
+    )
