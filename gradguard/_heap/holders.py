@@ -28,7 +28,7 @@ from .._compat import referrers, untraversable
 from .describe import describe
 from .frames import frame_locals
 from .installed import library_of_module
-from .paths import Path, is_a, module_dict
+from .paths import Path, is_a, module_dict, tensor_grad
 from .roots import NamedRoot, live_roots
 
 __all__ = ["find_paths", "own_code", "running_thread"]
@@ -247,10 +247,12 @@ class _Search:
             self.add_object(t, 1 << i)
             all_targets |= 1 << i
         frontier = self.own_container([t for t in self.targets])
-        for _ in range(_REVERSE_LEVELS):
+        for level in range(_REVERSE_LEVELS):
             if not frontier or self.heap_held == all_targets:
                 return
             frontier = self.climb(frontier)
+            if level == 0:
+                frontier.extend(self.grad_owners())
         if frontier and self.heap_held != all_targets:
             self.swept_chains = self.sweep(all_targets & ~self.heap_held)
 
@@ -281,6 +283,29 @@ class _Search:
         return self.own_container(
             [r for r in met if self.root_kind.get(id(r)) not in _HEAP_ROOTS and self.leads_to[id(r)] & unheld]
         )
+
+    def grad_owners(self) -> list[Any]:
+        """The tensors whose ``.grad`` is a target no object refers to: torch holds a gradient for its
+        tensor, out of the collector's sight (a ``backward(create_graph=True)`` leaves a graph there).
+        One pass over the heap, only when such a target exists; the new objects worth climbing from."""
+        orphans = {id(t) for t in self.targets if not self.parents[id(t)] and t.grad_fn is not None}
+        if not orphans:
+            return []
+        met: list[Any] = self.own_container([])
+        for obj in gc.get_objects():
+            if not is_a(obj, torch.Tensor) or id(obj) in self.own_ids or not (obj.is_leaf and obj.requires_grad):
+                continue
+            grad = tensor_grad(obj)
+            if grad is None or id(grad) not in orphans:
+                continue
+            oid = id(obj)
+            if oid not in self.objects:
+                self.kept_alive.append(obj)
+                self.add_object(obj, 0)
+                met.append(obj)
+            self.link(oid, id(grad))
+            self.propagate_up(oid, self.leads_to[id(grad)])
+        return met
 
     def sweep(self, wanted: int) -> dict[int, list[Any]]:
         """Chains, root first, to the targets in the bitmask ``wanted``, from one breadth-first walk

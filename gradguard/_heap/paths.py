@@ -40,11 +40,13 @@ __all__ = [
     "sequence_items",
     "spell",
     "spell_steps",
+    "tensor_grad",
     "writable",
     "write",
 ]
 
 _TENSOR = torch.Tensor
+_GRAD: Any = vars(torch._C.TensorBase)["grad"]  # the getset descriptor torch stores a gradient through
 _DIGITS = re.compile(r"\d+")
 ROOT_KINDS = frozenset({"global", "local", "cell", "named"})  # named: gradguard._heap.roots
 MODULE_STATE = ("_modules", "_parameters", "_buffers")
@@ -76,6 +78,8 @@ class Edge:
                 a dict / the dict key itself
     ``key``     a dict / the key's position                        the key object itself
     ``member``  a set or frozenset / ``None``                      one of its elements
+    ``grad``    a tensor / ``"grad"``                              its ``.grad`` (held by torch, not by
+                                                                   a reference Python can see)
     ``ref``     anything else / a description (``"__self__"``,    a reference Python cannot name
                 ``"tb_frame"``, ``"__defaults__"``)
     ==========  ================================================  =====================================
@@ -229,7 +233,14 @@ def read(edge: Edge) -> Any:
         return list(dict.keys(owner))[key]
     if kind == "named":  # gradguard._heap.roots
         return owner.resolve()
+    if kind == "grad":
+        return tensor_grad(owner)
     raise LookupError(f"an edge of kind {kind!r} cannot be read back")
+
+
+def tensor_grad(tensor: Any) -> Any:
+    """``tensor.grad``, read as torch stores it (a subclass's own ``grad`` property is not called)."""
+    return _GRAD.__get__(tensor, type(tensor))
 
 
 def _attribute_table(owner: Any, key: str) -> dict[str, Any]:
@@ -260,7 +271,7 @@ def writable(edge: Edge) -> bool:
     """Whether :func:`write` can replace what ``edge`` leads to: a global, a class attribute, an
     attribute or slot, an item of a list, deque or dict. Not a frame local, a closure cell, a tuple
     item, a dict key, a set member or any other reference."""
-    if edge.kind in ("global", "class", "attr", "slot"):
+    if edge.kind in ("global", "class", "attr", "slot", "grad"):
         return True
     return edge.kind == "item" and is_a(edge.owner, (list, dict, collections.deque))
 
@@ -282,6 +293,8 @@ def write(edge: Edge, value: Any) -> None:
         except LookupError as error:
             raise GradGuardError(f"gradguard cannot write the attributes of a {type(owner).__qualname__}") from error
         table[key] = value
+    elif kind == "grad":
+        _GRAD.__set__(owner, value)
     elif kind == "slot":
         try:
             descriptor = _slot(owner, key)
@@ -333,6 +346,8 @@ def _spell_step(edge: Edge, wildcard: bool) -> str:
         if wildcard and type(key) is str and is_a(owner, dict):  # metrics[f"step{n}"]: one holder, not one per key
             return f"[{_short(_DIGITS.sub('*', key))}]"
         return f"[{_short(key)}]"
+    if kind == "grad":
+        return ".grad"
     if kind == "key":
         return ".keys()[*]" if wildcard else f".keys()[{key}]"
     if kind == "member":

@@ -55,6 +55,11 @@ def fix(path: Path, tensor: torch.Tensor) -> str:
       reaches the tensor).
     """
     owners = path_owners(path)
+    if path and path[-1].kind == "grad":
+        return (
+            "a gradient keeps the graph backward(create_graph=True) built: clear the gradients at every step "
+            "(optimizer.zero_grad()), or take a penalty's gradient with torch.autograd.grad(..., create_graph=True)"
+        )
     if any(edge.kind == "ref" and edge.key in ("__traceback__", "tb_frame") for edge in path):
         return (
             "an exception's traceback keeps the frame's locals: keep the exception without it "
