@@ -354,7 +354,10 @@ class Watcher:
         return self._auditor.read_idle(self._piles)
 
     def _locked(self) -> bool:
-        """Whether a lock an idle look takes is held (by the thread it interrupted: it must not wait)."""
+        """Whether an idle look is not taken now: the mode in force is ``off``, or a lock it takes is held (by
+        the thread it interrupted: it must not wait)."""
+        if (self.mode or resolve(None)) == OFF:
+            return True
         return self._lock.locked() or self._records.lock.locked() or self._governor.locked()
 
     def conclude(self) -> GraphRetentionError | None:

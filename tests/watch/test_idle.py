@@ -182,3 +182,16 @@ def test_the_signal_is_given_back_when_the_watch_ends() -> None:
     with gradguard.watch(mode="warn", ignore=elsewhere):
         assert signal.getsignal(signal.SIGURG) is not before
     assert signal.getsignal(signal.SIGURG) is before
+
+
+def test_the_off_mode_takes_no_look() -> None:
+    run, _ = CASES["an evaluation loop in grad mode keeping its predictions"]
+    scope = gradguard.watch(mode="off", ignore=elsewhere)
+    with scope:
+        model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 4))
+        results = []
+        start = time.monotonic()
+        while time.monotonic() - start < 1.0:  # long enough for the memory figure to ask several times
+            results.append(model(torch.randn(64, 32)))
+            time.sleep(0.002)
+    assert scope.watcher.audits == 0 and scope.watcher.history() == []
