@@ -1,8 +1,9 @@
 """The run's page in a real browser (headless Chromium): made from real ``gradguard run`` runs (a
-one-process leak, a clean run, a folder with a corrupt report, two torchrun ranks of which rank 1 leaks)
-and a two-rank run folder, loaded from the file with every request sent to a dead proxy: after its
-script ran, the DOM holds a curve per process that has a timeline, the markers and the holder's path;
-its screenshot is not blank; and the browser made no request of the page's (its network log)."""
+one-process leak, the seed's within-step leak with no adapter, a clean run, a folder with a corrupt
+report, two torchrun ranks of which rank 1 leaks) and a two-rank run folder, loaded from the file with
+every request sent to a dead proxy: after its script ran, the DOM holds a curve per process that has a
+timeline, the markers, the holder's path and its retainer chain; its screenshot is not blank; and the
+browser made no request of the page's (its network log)."""
 
 from __future__ import annotations
 
@@ -90,10 +91,44 @@ def _timelines(folder: Path) -> int:
     return count
 
 
+# The seed's shape, with no adapter: an engine publishes each micro-batch's output, its graph still attached,
+# into output_lst, reads it after the last backward and clears it before optimizer.step().
+SEED = """\
+import torch
+
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 64))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+class Engine:
+    def __init__(self):
+        self.output_lst = []
+
+    def step(self, batches):
+        for x in batches:
+            logp = torch.log_softmax(model(x), -1)
+            loss = -logp.mean()
+            loss.backward()
+            self.output_lst.append({"loss": loss.item(), "model_output": {"log_probs": logp}})
+        mean = sum(r["loss"] for r in self.output_lst) / len(self.output_lst)
+        self.output_lst.clear()
+        opt.step()
+        opt.zero_grad()
+        return mean
+
+
+engine = Engine()
+for _ in range(4):
+    engine.step([torch.randn(16, 64) for _ in range(8)])
+"""
+SEED_HOLDER = r"""[^"<]*output_lst\[\*\]\['model_output'\]\['log_probs'\]"""
+"""The seed's holder as the page names it (from a global or a frame's ``self``, whichever the watch found)."""
+
+
 def _real_runs(folder: Path) -> dict[str, Any]:
     """Pages of real runs: each one's page, its run folder, and the command's exit status."""
     made: dict[str, Any] = {}
-    for name, script in (("leak", LEAKY), ("clean", CLEAN)):
+    for name, script in (("leak", LEAKY), ("clean", CLEAN), ("seed", SEED)):
         (folder / name).mkdir()
         (folder / name / "train.py").write_text(script)
         run = gradguard("run", "--mode", "warn", "--report-dir", "reports", "--html", "page.html", "train.py",
@@ -139,6 +174,28 @@ def test_a_real_one_process_leak_renders_with_its_holder_and_marker(
     assert _attribute(dom, "data-curves") == _timelines(root / "leak" / "reports")
     assert re.search(r'<g class="marker" data-kind="leak-start" data-holder="__main__:losses\[\*\]"', dom)
     _not_blank(page, tmp_path)
+
+
+def test_the_seeds_within_step_leak_renders_with_its_micro_batches_markers_and_holder(
+    real: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    root, made = real
+    assert made["seed"]["code"] == 0, made["seed"]["stderr"]
+    dom = _dom(root / "seed" / "page.html", tmp_path)
+    assert _attribute(dom, "data-curves") == _timelines(root / "seed" / "reports") == 1
+    inside = re.search(r'<polyline class="curve" data-process="[^"]+" data-inside="([0-9]+)"', dom)
+    assert inside and int(inside[1]) > 0, "no micro-batch boundary drawn inside a step"
+    for kind in ("leak-start", "report"):
+        assert re.search(rf'<g class="marker" data-kind="{kind}" data-holder="{SEED_HOLDER}"', dom), kind
+    holder = re.search(rf'<code class="path">({SEED_HOLDER})</code>', dom)
+    assert holder, "the seed's holder is not in the holders' table"
+    links = re.search(r'<details class="chain" data-links="([0-9]+)">(.*?)</details>', dom, re.DOTALL)
+    assert links and int(links[1]) >= 4  # ... .output_lst, [*], ['model_output'], ['log_probs']
+    said = re.findall(r"<li[^>]*><code>([^<]*)</code> keeps ([0-9]+) tensor", links[2])
+    assert [link for link, _ in said[-4:]] == [".output_lst", "[*]", "['model_output']", "['log_probs']"], said
+    assert all(int(tensors) > 0 for _, tensors in said)
+    assert "detach before storing into" in dom and "across the micro-batches of a step" in dom
+    _not_blank(root / "seed" / "page.html", tmp_path)
 
 
 def test_a_real_clean_run_renders_with_no_holder(real: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:

@@ -180,7 +180,8 @@ def svg(made: Sequence[Curve], width: int = 960, height: int = 380) -> str:
 
     Returns:
         The ``<svg>`` element's text: a ``polyline.curve`` per curve that has points (``data-process``
-        its label), a ``g.marker`` per marker (``data-kind``, ``data-holder``), the axes.
+        its label, ``data-inside`` how many of its points sit inside a step: micro-batch boundaries), a
+        ``g.marker`` per marker (``data-kind``, ``data-holder``), the axes.
     """
     from html import escape
 
@@ -229,7 +230,9 @@ def svg(made: Sequence[Curve], width: int = 960, height: int = 380) -> str:
             rising = j + 1 >= len(c.points) or c.points[j + 1][2] >= high
             for y in ((low, high) if rising else (high, low)) if low != high else (low,):
                 coords.append(f"{px(x):.1f},{py(y):.1f}")
-        parts.append(f'<polyline class="curve" data-process="{escape(c.label)}" fill="none" stroke="{colour(i)}" '
+        inside = sum(1 for x, _, _ in c.points if x != math.floor(x))
+        parts.append(f'<polyline class="curve" data-process="{escape(c.label)}" data-inside="{inside}" '
+                     f'fill="none" stroke="{colour(i)}" '
                      f'stroke-width="{2.2 if c.flagged else 1.4}" points="{" ".join(coords)}">'
                      f"<title>{escape(c.label)}</title></polyline>")  # fmt: skip
     shapes = {
