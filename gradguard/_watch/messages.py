@@ -138,7 +138,7 @@ def raise_message(leaks: Sequence[Leak], ended: str = "") -> str:
         f"gradguard: {plural(len(leaks), 'holder')} {'keeps' if len(leaks) == 1 else 'keep'} autograd graphs"
         f"{_across(ended)} ({human(total)} of tensors and ~{human(nodes)} of graph nodes pinned){completed}:",
         " " * len(_RAISED),  # the room Python's traceback takes before the first line
-        "",
+        "  ",  # every line after the traceback's own is indented: a log reader takes the block as one message
     )
     lines[0] = lines[0].lstrip()
     for leak in leaks:
