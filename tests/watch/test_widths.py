@@ -18,19 +18,9 @@ from torch import nn
 
 import gradguard
 
-TRAIN = """\
-import torch
-
-model = torch.nn.Linear(8, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-losses = []
-for step in range(4):
-    loss = model(torch.randn(4, 8)).pow(2).mean()
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    losses.append(loss)  # keeps every step's graph
-"""
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN = (ROOT / "README.md").read_text().split("<!-- file: train.py -->\n```python\n", 1)[1].split("```", 1)[0]
+"""The README's leaking ``train.py``, as the README shows it."""
 FIX = (
     "detach before storing into losses[0] (in __main__): t.detach() or t.item(); "
     "or losses = gradguard.guard([]), which detaches what is stored, or refuses it in raise mode"
