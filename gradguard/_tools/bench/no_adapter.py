@@ -50,10 +50,11 @@ LEAST = REPORT_WITHIN + 4
 
 
 def _first_line(text: str) -> str:
-    """The message's first sentence: its lines up to the first indented one (a holder's), as one line."""
+    """The message's opening sentence (its lines up to the one that ends with the colon before the holders),
+    as one line."""
     lines = text.strip().splitlines()
-    head = next((i for i, line in enumerate(lines) if i and line.startswith(" ")), len(lines))
-    return " ".join(line.strip() for line in lines[:head])
+    end = next((i for i, line in enumerate(lines) if line.rstrip().endswith(":")), len(lines) - 1)
+    return " ".join(line.strip() for line in lines[: end + 1])
 
 
 def _one_run(
