@@ -17,6 +17,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from _tables import flat
 from torch import nn
 
 import gradguard
@@ -91,7 +92,7 @@ def test_a_packages_module_keeping_a_graph_is_named_with_its_version_and_left_al
         assert "fakelib 1.2.3 keeps it in fakelib.SumOfSquares (its state, not your program's)" in entry.fix
         assert "it reached that state through your METRICS['mse']: detach what you hand it" in entry.fix
         assert entry.fix.endswith("else upgrade fakelib or report it upstream")
-        [warning] = [str(w.message) for w in caught if "METRICS" in str(w.message)]
+        [warning] = [flat(str(w.message)) for w in caught if "METRICS" in str(w.message)]
         assert "fakelib.SumOfSquares (fakelib's state, which gradguard never writes)" in warning
         assert warning.count("repair") == 1 and warning.count("never writes") == 1  # said once
     finally:
@@ -104,8 +105,8 @@ def test_a_packages_frame_local_names_the_programs_call_that_led_there(fakelib: 
     kept: list[float] = []
     with pytest.raises(gradguard.GraphRetentionError) as caught, gradguard.watch(mode="raise"):
         fakelib.fit(model, opt, [torch.randn(3, 4) for _ in range(6)], kept)  # the call the fix points at
-    message = str(caught.value)
-    assert re.search(r"  fakelib/__init__\.py:\d+ in fit: tr_loss: ", message)  # the installed file, not from the cwd
+    assert re.search(r"  fakelib/__init__\.py:\d+ in fit: tr_loss: ", str(caught.value))  # the installed file
+    message = flat(str(caught.value))  # wrapped within 100 columns
     assert "fakelib 1.2.3 keeps it in a local of fit (its state, not your program's)" in message
     assert "it got there during your call at tests/heap/test_library_holders.py:" in message
     assert "in test_a_packages_frame_local_names_the_programs_call_that_led_there" in message
