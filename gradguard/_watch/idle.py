@@ -115,6 +115,8 @@ def _handle() -> bool:
     try:
         current = signal.getsignal(_SIGNAL)
         if current is _serve:
+            if _previous is None:  # put back by the program after the watch let it go: it was the default
+                _previous = signal.SIG_DFL
             return True
         if current is not signal.SIG_DFL:
             return False  # the program handles it: its handler is never replaced
@@ -171,7 +173,9 @@ def _run() -> None:
             if readings and figure.trigger.observe(readings) is not None:
                 figure.asked = ask = True
         del pairs, watcher, figure  # between looks, the thread keeps no watcher alive
-        if ask and _SIGNAL is not None:
+        # Asked only while the handler is this module's: a program that took the signal over since gets none
+        # of these (its own handler is never called by the watch).
+        if ask and _SIGNAL is not None and signal.getsignal(_SIGNAL) is _serve:
             _thread.interrupt_main(_SIGNAL)
 
 

@@ -195,3 +195,25 @@ def test_the_off_mode_takes_no_look() -> None:
             results.append(model(torch.randn(64, 32)))
             time.sleep(0.002)
     assert scope.watcher.audits == 0 and scope.watcher.history() == []
+
+
+def test_a_handler_the_program_sets_later_is_never_called_by_the_watch() -> None:
+    import signal
+
+    if not hasattr(signal, "SIGURG"):
+        pytest.skip("no SIGURG here: the watch takes no look")
+    called: list[int] = []
+    before = signal.getsignal(signal.SIGURG)
+    scope = gradguard.watch(mode="warn", ignore=elsewhere)
+    with scope:
+        signal.signal(signal.SIGURG, lambda signum, frame: called.append(signum))
+        try:
+            model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 4))
+            results = []
+            start = time.monotonic()
+            while time.monotonic() - start < 1.0:  # the memory figure rises: the watch would ask for looks
+                results.append(model(torch.randn(64, 32)))
+                time.sleep(0.002)
+        finally:
+            signal.signal(signal.SIGURG, before)
+    assert called == [] and scope.watcher.audits == 0
