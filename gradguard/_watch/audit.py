@@ -20,6 +20,7 @@ from .._errors import GradGuardError
 from .._graph import memory as _graph
 from .._graph.liveness import Liveness
 from .._heap.census import live_graph_tensors
+from .._heap.hold import search_lock
 from .._heap.holders import find_paths, running_thread
 from .._heap.paths import Path, holder_key, spell
 from .._policy.message import display, fix_lines, human, nodes_text, wrap
@@ -37,14 +38,8 @@ __all__ = [
     "audit",
     "check_ignore",
     "scan",
-    "scan_lock",
     "scan_tensors",
 ]
-
-
-scan_lock = threading.RLock()
-"""One heap search at a time in this process: a search running next to another sees the other's
-tables (lists of every object) as referrers and slows down many times over."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,7 +303,7 @@ def scan(ignore: Ignore = None, *, exclude_ids: Iterable[int] = ()) -> list[Find
     see :class:`Finding`.
     """
     exclude = set(exclude_ids)
-    with scan_lock:
+    with search_lock:
         tensors = live_graph_tensors(exclude)
         return scan_tensors(tensors, check_ignore(ignore), exclude)[0]
 
@@ -340,7 +335,7 @@ def audit(*, ignore: Ignore = None) -> RetentionReport:
         GradGuardError: ``ignore`` is none of the accepted kinds (or holds an empty prefix), naming it.
     """
     keep_out = check_ignore(ignore)
-    with scan_lock:
+    with search_lock:
         tensors = live_graph_tensors(set())
         findings, untraced = scan_tensors(tensors, keep_out, set())
         del tensors
@@ -359,7 +354,8 @@ def scan_tensors(
 ) -> tuple[list[Finding], int]:
     """:func:`scan` of the given graph tensors (``live_graph_tensors``' result): the findings, most
     pinned bytes first, and how many of the tensors no root reaches. Call it holding
-    :data:`scan_lock`; ``liveness``, when given, is the audit's (its held nodes are these tensors').
+    :data:`~gradguard._heap.hold.search_lock`; ``liveness``, when given, is the audit's (its held nodes
+    are these tensors').
     ``known``: live paths already found for some of them (by id): the heap is searched only for the
     others, and not at all when there are none. ``untraced_out``, when given, receives the tensors no
     root reaches."""

@@ -29,11 +29,12 @@ from .._graph.memory import graph_memory
 from .._graph.nodes import nodes as graph_nodes
 from .._graph.stamps import Ledger, epochs_below, micros_below, oldest_below
 from .._heap.census import live_graph_tensors
+from .._heap.hold import search_lock
 from .._heap.paths import Path
 from .._policy import stats as _stats
 from .._policy.modes import DETACH, OFF, RAISE, WARN, Mode, resolve
 from .._policy.site import user_frame, warn_at
-from .audit import Finding, Retention, RetentionReport, scan_lock, scan_tensors
+from .audit import Finding, Retention, RetentionReport, scan_tensors
 from .criterion import Leak, ages, judge
 from .governor import Governor
 from .known import Known, repair_dead
@@ -103,7 +104,7 @@ class Auditor:
         searched for, judged and acted on. ``young``: only what the collector's young generations hold
         (the start-up check, when nothing made since the watcher started can be older). ``searched``
         receives whether the heap was searched for holders."""
-        with scan_lock:
+        with search_lock:
             found: list[Any] | None = None
             now = _clock()
             with self._lock:
@@ -150,7 +151,7 @@ class Auditor:
         if not recipes:
             return False
         start = _clock()
-        with scan_lock:
+        with search_lock:
             if mode == DETACH:
                 recipes = self._known.refill(state, recipes, boundary, sources[0], self._records)
             if only_refill:
@@ -195,7 +196,7 @@ class Auditor:
         stop counting, graphs that may still become leaks keep it asking. ``partial``: ``tensors`` are
         some holders' only (a revisit), not everything alive. ``search``: whether to search for their holders
         at all (not when none of them is old yet: they may all still become leaks). Call holding
-        :data:`scan_lock`."""
+        :data:`~gradguard._heap.hold.search_lock`."""
         ledger = state.ledger
         horizon = boundary - state.schedule.old
         leaks: list[Leak] = []
@@ -297,7 +298,7 @@ class Auditor:
         seen: set[int] = set()
         state.busy = True
         try:
-            with scan_lock:
+            with search_lock:
                 if state.following:
                     self._read_followed(state, n, step, mode, leaks, seen)
                 free = backoff.misses < MICRO_FREE  # the clock's start-up: served whatever it costs
@@ -429,13 +430,13 @@ class Auditor:
         if self._idle_looks >= IDLE_FREE and not self._governor.affords(self._idle_cost, start):
             return False
         grew = False
-        with scan_lock:
+        with search_lock:
             tensors = live_graph_tensors(set())
         if not tensors:  # the rise was something else's (imports, data): a census, not an audit
             self._governor.charge(_clock() - start)
             return False
         try:
-            with scan_lock:
+            with search_lock:
                 self._idle_looks += 1
                 # In a forward kept whole, most graph tensors alive are its saved activations: held by the graph
                 # of another, named through it; the heap is searched for the others only.
@@ -483,7 +484,7 @@ class Auditor:
         seen growing once is not read again: the verdict needs no more."""
         start = _clock()
         grew = False
-        with scan_lock:
+        with search_lock:
             for key, pile in list(piles.items()):
                 if pile.recipe is None or pile.grew:
                     continue
@@ -535,7 +536,7 @@ class Auditor:
             The stamps, which keep nothing alive.
         """
         mark = Ledger()
-        with scan_lock:
+        with search_lock:
             for t in live_graph_tensors(set()):
                 mark.place(t.grad_fn, 0)
         return mark
@@ -550,7 +551,7 @@ class Auditor:
             return RetentionReport([])
         start = _clock()
         try:
-            with scan_lock:
+            with search_lock:
                 tensors = live_graph_tensors(set())
                 old = set(id(t) for t in tensors if t.grad_fn in oldest_below([t.grad_fn for t in tensors], mark))
                 made = [t for t in tensors if id(t) not in old]

@@ -28,15 +28,13 @@ from __future__ import annotations
 import _thread
 import contextlib
 import signal
-import sys
 import threading
 import weakref
-from collections.abc import Iterator
 from types import FrameType
 from typing import Protocol
 
+from .._heap.hold import search_lock
 from .allocated import AllocatedReader
-from .audit import scan_lock
 from .trigger import Trigger, TriggerSettings
 from .tuning import IDLE_PERIOD
 
@@ -44,7 +42,6 @@ __all__ = ["PERIOD", "Looked", "follow", "following", "retire"]
 
 PERIOD = IDLE_PERIOD
 
-_ALONE = 3600.0  # seconds: longer than any look
 _SIGNAL: signal.Signals | None = getattr(signal, "SIGURG", None)
 
 
@@ -138,20 +135,6 @@ def _unhandle() -> None:
     _previous = None
 
 
-@contextlib.contextmanager
-def _alone() -> Iterator[None]:
-    """The program's other threads wait while a look or a read runs (as they do for a collection): what
-    the census listed must still be what the frames hold when the search reads them, and no thread may go
-    on with an object the look holds a reference to. Python switches threads only after this interval,
-    and nothing a look runs releases the interpreter lock."""
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(_ALONE)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(interval)
-
-
 def _run() -> None:
     """The reading thread: the memory figure of each watcher followed; a rise asks the main thread to look."""
     global _thread_running
@@ -183,20 +166,20 @@ def _serve(signum: int, frame: FrameType | None) -> None:
     """The signal's handler, in the main thread: the looks asked for. It never raises into the program, and
     never waits for a lock: it runs between two bytecodes of the main thread, which may be inside gradguard
     itself holding one (then the look is not taken; the next rise asks again)."""
-    with _alone():
-        try:
-            pairs = [(w, f) for w, f in list(_watchers.items()) if f.asked]
-        except RuntimeError:  # the table changed while it was copied: the next rise asks again
-            return
-        for watcher, figure in pairs:
-            found = False
-            if not scan_lock._is_owned() and scan_lock.acquire(blocking=False):  # type: ignore[attr-defined]
-                try:
-                    found = not watcher.ticked() and (watcher._idle_read() or watcher._idle_look())
-                except Exception:  # noqa: BLE001 - a look must never end the program: it is only not taken
-                    found = False
-                finally:
-                    scan_lock.release()
-            figure.trigger.audited(found)
-            figure.asked = False
-        del pairs
+    try:
+        pairs = [(w, f) for w, f in list(_watchers.items()) if f.asked]
+    except RuntimeError:  # the table changed while it was copied: the next rise asks again
+        return
+    for watcher, figure in pairs:
+        found = False
+        # The search lock holds the program's other threads while the look runs (see gradguard._heap.hold).
+        if not search_lock.owned() and search_lock.acquire(blocking=False):
+            try:
+                found = not watcher.ticked() and (watcher._idle_read() or watcher._idle_look())
+            except Exception:  # noqa: BLE001 - a look must never end the program: it is only not taken
+                found = False
+            finally:
+                search_lock.release()
+        figure.trigger.audited(found)
+        figure.asked = False
+    del pairs

@@ -79,7 +79,7 @@ class Known:
         graphs they took before this step repaired (one that may still be backwarded is left to the
         audits). A record is aged by its own stamp (placed when a backward started from it, or when this
         first saw it), or when it has none, by the oldest stamp in its graph. Returns the recipes of the
-        other holders. Call holding :data:`~gradguard._watch.audit.scan_lock`."""
+        other holders. Call holding :data:`~gradguard._heap.hold.search_lock`."""
         repaired = records.repaired()
         others = []
         state.refilling = filling = False
