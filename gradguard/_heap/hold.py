@@ -11,7 +11,6 @@ native code (a torch operator) go on; they wait for the search, as for a collect
 
 from __future__ import annotations
 
-import gc
 import sys
 import threading
 import time
@@ -26,13 +25,12 @@ class SearchLock:
     """A re-entrant lock whose holder runs alone: the switch interval is raised while it is held, and put
     back exactly as it was when the outermost hold ends."""
 
-    __slots__ = ("_collecting", "_depth", "_interval", "_lock")
+    __slots__ = ("_depth", "_interval", "_lock")
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._depth = 0
         self._interval = 0.0
-        self._collecting = False
 
     def acquire(self, blocking: bool = True) -> bool:
         """Take the lock (``blocking=False``: only if free now, or already this thread's).
@@ -49,8 +47,6 @@ class SearchLock:
         if self._depth == 1:
             self._interval = interval = sys.getswitchinterval()
             sys.setswitchinterval(_HELD)
-            self._collecting = gc.isenabled()
-            gc.disable()
             if threading.active_count() > 1:
                 _settle(interval)
         return True
@@ -59,8 +55,6 @@ class SearchLock:
         """Let one hold go; the outermost puts the switch interval back."""
         self._depth -= 1
         if self._depth == 0:
-            if self._collecting:
-                gc.enable()
             sys.setswitchinterval(self._interval)
         self._lock.release()
 
