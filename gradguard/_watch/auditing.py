@@ -36,10 +36,11 @@ from .._policy.modes import DETACH, OFF, RAISE, WARN, Mode, resolve
 from .._policy.site import user_frame, warn_at
 from .audit import Finding, Retention, RetentionReport, scan_tensors
 from .criterion import Leak, ages, judge
-from .governor import Governor
+from .decision import Collected, Decision, Signals, decide
+from .governor import Account, Governor
 from .known import Known, repair_dead
 from .messages import IDLE, MICRO, raise_message, unrepaired_message, warn_message
-from .micro import Decision, Searches, count, decide, forget_empty, judged
+from .micro import Searches, count, forget_empty, judged
 from .micro import judge as judge_micro
 from .recipes import Recipe
 from .records import STORE, Records, count_repair, measure_before_repairs
@@ -280,7 +281,7 @@ class Auditor:
     def micro(self, state: ThreadState, mode: Mode, hunting: bool) -> tuple[Decision, bool]:
         """A micro-batch boundary of ``state``'s thread: its last backward returned (see
         :mod:`gradguard._watch.micro`). The holders followed by name are read; when a graph of an earlier
-        backward is alive that they do not keep, :func:`~gradguard._watch.micro.decide` says whether to
+        backward is alive that they do not keep, :func:`~gradguard._watch.decision.decide` says whether to
         search the heap for its holder. A holder that grew within the step is acted on by ``mode`` (a
         ``raise`` comes out of the backward, its gradients computed). Returns the decision, and whether a
         holder was acted on."""
@@ -288,7 +289,7 @@ class Auditor:
         ledger = state.ledger
         old = ledger.micro_old(n)
         if old is None and not state.following:
-            return Decision("nothing", "no graph of an earlier backward is alive"), False
+            return Decision("nothing", None, "no graph of an earlier backward is alive"), False
         start = _clock()
         backoff = state.micro_backoff
         if backoff is None:
@@ -299,22 +300,24 @@ class Auditor:
         state.busy = True
         try:
             with search_lock:
-                if state.following:
+                budget = Account(self._governor, start)
+                signals = Signals("micro", n, old=old is not None, known=bool(state.following), hunting=hunting)
+                decision = decide(signals, backoff, budget)
+                if decision.action == "read":
                     self._read_followed(state, n, step, mode, leaks, seen)
+                    decision = decide(signals := signals._replace(read=old in seen), backoff, budget)
                 free = backoff.misses < MICRO_FREE  # the clock's start-up: served whatever it costs
-                decision = decide(old, old in seen, backoff, n, hunting, self._affords)
-                if decision.action == "search" and not hunting:
+                if decision.action == "collect":
                     # As the step clock does: a graph only cyclic garbage keeps (a kept exception, a record
                     # that refers to itself) costs a collection of the young generations, not a search.
                     garbage = state.micro_collector.garbage(lambda: ledger.micro_old(n), step)
-                    if garbage is None and free:
-                        garbage = False  # no collection affordable now: the search itself tells a holder
-                    if garbage is not False:
-                        # counted as a request that found nothing: the next ones wait for the back-off's gap, and
-                        # the collector's ration (shared with the step clock) is not spent at every backward
-                        backoff.declined += garbage is None
+                    collected: Collected = "refused" if garbage is None else "garbage" if garbage else "survived"
+                    decision = decide(signals._replace(collected=collected), backoff, budget)
+                    if decision.action == "nothing":
+                        # counted as a request that found nothing: the next ones wait for the back-off's gap,
+                        # and the collector's ration (shared with the step clock) is not spent at every backward
                         backoff.handled(n, 0.0, False, MICRO_FREE)
-                        decision = Decision("nothing", "cyclic garbage: the collector freed it, or is yet to run")
+                backoff.declined += bool(decision.declined)
                 if decision.action == "search":
                     searched = _clock()
                     found = self._search_micro(state, n, step, leaks)
@@ -323,7 +326,7 @@ class Auditor:
                         self._records.counts["audits"] += 1
                         self._records.counts["searches"] += 1
                         self._records.counts["micro"] += 1
-                if not decision.why.startswith("declined"):
+                if decision.declined != "signal":
                     ledger.micro_horizon = n - 1
             cost = _clock() - start
             # The start-up searches are not the share's: one on a large heap would leave it spent for as long
@@ -338,9 +341,6 @@ class Auditor:
             state.busy = False
             self._records.measure_repairs(state)
         return decision, bool(leaks)
-
-    def _affords(self, estimate: float) -> bool:
-        return self._governor.affords(estimate, _clock())
 
     def _read_followed(
         self, state: ThreadState, n: int, step: int, mode: Mode, leaks: list[Leak], seen: set[int]

@@ -12,13 +12,15 @@ its whole figure.
 
 from __future__ import annotations
 
+import collections
+import math
 import threading
 import time
 from collections.abc import Callable
 
-from .tuning import BACKSTOP_SHARE, SHARE
+from .tuning import BACKSTOP_SHARE, COSTS_KEPT, SHARE
 
-__all__ = ["BACKSTOP_SHARE", "SHARE", "Governor"]
+__all__ = ["BACKSTOP_SHARE", "SHARE", "Account", "Governor", "Ration"]
 
 
 class Governor:
@@ -100,3 +102,57 @@ class Governor:
     def elapsed(self) -> float:
         """Wall time since the first boundary (0 before it)."""
         return 0.0 if self.started is None else self.clock() - self.started
+
+
+class Account:
+    """A governor's account as of one boundary, as :func:`~gradguard._watch.decision.decide` asks it (the
+    micro-batch clock's: no backstop of its own).
+
+    Args:
+        governor: The watcher's governor.
+        now: The boundary's time.
+    """
+
+    __slots__ = ("governor", "now")
+
+    def __init__(self, governor: Governor, now: float) -> None:
+        self.governor, self.now = governor, now
+
+    def affords(self, estimate: float) -> bool:
+        """Whether work estimated at ``estimate`` seconds fits :data:`SHARE` now."""
+        return self.governor.affords(estimate, self.now)
+
+    def solvent(self) -> bool:
+        """Whether the account is not overdrawn now."""
+        return self.governor.solvent(self.now)
+
+    def backstop(self) -> bool:
+        """Never: the step clock's backstop covers both clocks."""
+        return False
+
+
+class Ration:
+    """When a job done at boundaries (a memory reading, the stamps below a backward's roots) may run next,
+    to take at most ``share`` of the wall time: once the cheapest of its last :data:`COSTS_KEPT` runs is at
+    most ``share`` of the time since the last one ended (the cheapest: one run the scheduler preempted does
+    not stall the job). Its first run is due at once.
+
+    Args:
+        share: The part of the wall time it may take (a part of :data:`SHARE`).
+    """
+
+    __slots__ = ("costs", "next", "seconds", "share")
+
+    def __init__(self, share: float) -> None:
+        self.share = share
+        self.costs: collections.deque[float] = collections.deque(maxlen=COSTS_KEPT)
+        self.next = -math.inf
+        """The clock's time from which it is due."""
+        self.seconds = 0.0
+        """All its runs' time."""
+
+    def ran(self, start: float, end: float) -> None:
+        """It ran from ``start`` to ``end``."""
+        self.costs.append(end - start)
+        self.seconds += end - start
+        self.next = end + min(self.costs) / self.share

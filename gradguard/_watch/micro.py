@@ -8,16 +8,15 @@ keeping more graphs that a backward already ran through and that no backward can
 graph tensors in all. A holder bounded by construction (a ``deque(maxlen=...)``, a slot overwritten, the
 last micro-batch's output in a local) never grows so; outputs kept for a backward still to come (GPipe,
 1F1B, interleaved) were not backwarded; a ``retain_graph=True`` graph is still usable; one backward over
-every micro-batch's summed losses stamps nothing before it. :func:`judge` is the rule, :func:`decide` the
-one decision of a micro-batch boundary; the reads and searches are the auditor's
+every micro-batch's summed losses stamps nothing before it. :func:`judge` is the rule; whether a boundary
+reads or searches is :func:`gradguard._watch.decision.decide`'s; the reads and searches are the auditor's
 (:meth:`gradguard._watch.auditing.Auditor.micro`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 from .._graph.liveness import Liveness
 from .._graph.stamps import Ledger
@@ -34,24 +33,12 @@ __all__ = [
     "FREE",
     "Searches",
     "Count",
-    "Decision",
     "Follow",
     "count",
-    "decide",
     "forget_empty",
     "judge",
     "judged",
 ]
-
-
-Action = Literal["nothing", "read", "search"]
-
-
-class Decision(NamedTuple):
-    """What a micro-batch boundary does, and why (the summary and the tests read ``why``)."""
-
-    action: Action
-    why: str
 
 
 @dataclasses.dataclass
@@ -81,46 +68,6 @@ class Follow:
     by_name: bool = False  # the last read was by name (a search may name a record through another holder)
     quiet: int = 0
     leaking: bool = False
-
-
-def decide(
-    old: int | None,
-    explained: bool,
-    backoff: Searches,
-    micro: int,
-    hunting: bool,
-    affords: Callable[[float], bool],
-) -> Decision:
-    """The one decision of a micro-batch boundary once the holders followed by name were read.
-
-    Args:
-        old: The earliest backward before this one whose graph is still alive and was not looked at, or
-            ``None``.
-        explained: The reads of the followed holders found that graph (nothing more to look for).
-        backoff: The signal's searches so far.
-        micro: This boundary's micro-batch number.
-        hunting: ``every=N``: a request the back-off allows is served, whatever it costs.
-        affords: Whether the watch's budget allows work of the given estimated seconds now.
-
-    Returns:
-        ``nothing`` (quiet, explained, or declined: the signal asks again at the next boundary), or
-        ``search`` (search the heap for the holders of the graphs alive).
-    """
-    if old is None:
-        return Decision("nothing", "no graph of an earlier backward is alive")
-    if explained:
-        return Decision("nothing", "the holders followed by name keep it")
-    if backoff.misses < FREE:
-        return Decision("search", "one of the signal's first requests, or the first after a search that found a holder")
-    if micro < backoff.next_at:
-        backoff.declined += 1
-        return Decision("nothing", "declined: the back-off's gap")
-    if hunting:
-        return Decision("search", "every=N: a request the back-off allows is served, whatever it costs")
-    if not affords(backoff.cost):
-        backoff.declined += 1
-        return Decision("nothing", "declined: the watch's share of the time")
-    return Decision("search", "the back-off's gap went by, within the watch's share of the time")
 
 
 class Count(NamedTuple):

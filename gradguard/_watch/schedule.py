@@ -1,25 +1,24 @@
-"""When the watch audits: one thread's step boundaries, their signals, and the back-off of each signal.
+"""One thread's step-clock state: its signals' readings, their back-offs, and what each audit taught.
 
-Pure logic: the caller reads the constant-time signals (the oldest stamp alive, the parameters'
-reference count), gives each boundary's time, and reports what each audit found; the memory figure is
-read here, through an injectable reader, and what every piece of work may cost is the
-:class:`~gradguard._watch.governor.Governor`'s. The design: ``docs/how-it-works.md`` (*The watch*);
-what the schedule promises a user: ``docs/guide/finding-leaks.md``.
+The caller reads the constant-time signals (the oldest stamp alive, the parameters' reference count),
+gives each boundary's time, and reports what each audit found; the memory figure is read here, through an
+injectable reader. What a boundary does is :func:`gradguard._watch.decision.decide`'s, asked through
+:meth:`Schedule.decide`; what any work may cost, the :class:`~gradguard._watch.governor.Governor`'s. The
+design: ``docs/how-it-works.md`` (*The watch*); what the schedule promises a user:
+``docs/guide/finding-leaks.md``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Literal
 
 from .allocated import CPU, AllocatedReader
-from .backoff import Backoff
-from .governor import BACKSTOP_SHARE, SHARE, Governor
+from .decision import Decision, Reason, Signal, Signals, decide, reason_of
+from .governor import BACKSTOP_SHARE, Governor
 from .trigger import DEFAULT_MEMORY, RESIDENT_FLOOR, Trigger, TriggerSettings
-from .tuning import HUNTING_BACKSTOP_SHARE, HUNTING_FIRST, MEMORY_FIRST, OLD, OLD_HUNTING, QUIET, READ_SHARE, STARTUP
+from .tuning import HUNTING_BACKSTOP_SHARE, HUNTING_FIRST, MEMORY_FIRST, OLD, QUIET, READ_SHARE, STARTUP
 from .tuning import STEP_FREE as FREE
 
 __all__ = [
@@ -28,7 +27,6 @@ __all__ = [
     "HUNTING_FIRST",
     "MEMORY_FIRST",
     "OLD",
-    "OLD_HUNTING",
     "QUIET",
     "READ_SHARE",
     "STARTUP",
@@ -40,23 +38,14 @@ __all__ = [
 _HELD = TriggerSettings(floor=1, fraction=0.0, window=64, boundaries=1, backoff=2.0)
 
 Every = int | Literal["auto"]
-Reason = Literal["start", "old", "held", "retry", "memory", "time"]
 _SIGNAL: dict[str, str] = {"old": "old", "retry": "retry", "held": "held", "memory": "memory", "time": "time"}
 
 
-@dataclasses.dataclass
-class _Backoff(Backoff):
-    """One step signal's requests (see :class:`~gradguard._watch.backoff.Backoff`), and its follow-up."""
-
-    follow: bool = False  # the next request follows up on graphs the last audit left pending
-    asked_at: int = 0  # the boundary of its last request
-
-
-def _signals() -> dict[str, _Backoff]:
+def _signals() -> dict[str, Signal]:
     """Each signal's back-off, fresh: a retry (a look again for old graphs no holder was found for) is held
     back from its first request, the others ask at once."""
-    found = {name: _Backoff() for name in ("old", "held", "memory", "time")}
-    found["retry"] = _Backoff(misses=FREE)
+    found = {name: Signal() for name in ("old", "held", "memory", "time")}
+    found["retry"] = Signal(misses=FREE)
     return found
 
 
@@ -82,12 +71,12 @@ class Schedule:
         governor: Governor | None = None,
     ) -> None:
         self.every = every
-        self.old = OLD if every == "auto" else OLD_HUNTING
+        self.old = OLD if every == "auto" else OLD - 1  # hunting: a list's second record asks
         """How many boundaries back a stamp alive asks for an audit."""
         self.governor = governor if governor is not None else Governor(clock)
         self.started: float | None = None
         self.spent = 0.0  # seconds all audits took
-        self.backstop = 0.0  # of which the backstop's
+        self.backstop_seconds = 0.0  # of which the backstop's
         self.backstops = 0  # the backstop's audits
         self.last_cost = 0.0  # of the last audit that read the whole heap
         self.first_cost = 0.0  # of the start-up check, whatever it read
@@ -106,13 +95,9 @@ class Schedule:
             # only (a CUDA figure, and a floor the user chose, are kept as they are).
             floors = {CPU: RESIDENT_FLOOR} if made.cpu_source == "statm" and memory is DEFAULT_MEMORY else None
             self._reader, self._trigger = made, Trigger(memory, floors)
-        self.quiet_until = -math.inf
-        """Before this time, a boundary with no signal, past the start-up check and before
-        :attr:`retry_due`, asks for nothing: the caller may skip :meth:`boundary` for it (see
-        :meth:`quiet` and :meth:`_plan_quiet`)."""
-        self.retry_due: float = math.inf
-        self._old_until = 0  # an old request is declined before this boundary (its back-off's gap) ...
-        self._old_unaffordable = -math.inf  # ... or before this time (the governor's share)
+        self.now = 0.0
+        """The time of the boundary being decided."""
+        self._asked: object | None = None  # the parameters' count's request at that boundary
         self.seen = 0
         """The number of the last boundary seen."""
         self._grown_at_audit = 0  # how far the memory figure had grown at the last audit it asked for
@@ -138,165 +123,102 @@ class Schedule:
         at once again."""
         self.startup = self.seen + STARTUP
         self._signals = _signals()
-        self.quiet_until = -math.inf
-        self._old_until, self._old_unaffordable = 0, -math.inf
 
-    def boundary(self, now: float, boundary: int, old: int | None, held: Mapping[str, int] | None) -> Reason | None:
-        """The thread's boundary number ``boundary`` (from 1), at ``now``: why to audit it, or ``None``.
+    def read(
+        self,
+        now: float,
+        boundary: int,
+        old: int | None,
+        held: Mapping[str, int] | None,
+        *,
+        known: bool = False,
+        refill: bool = False,
+    ) -> Signals:
+        """The signals of the thread's boundary number ``boundary`` (from 1), at ``now``: the memory figure
+        is read here when due, the parameters' count observed.
 
         Args:
             now: The clock's time.
             boundary: The boundary's number in the thread, from 1.
             old: The earliest epoch of a counted stamp alive above the last audit's horizon, or ``None``.
             held: The sampled parameters' reference count by name, when it changed (else ``None``).
+            known: Holders found before can be read by name.
+            refill: ``detach``: a holder repaired before fills again.
         """
-        self.seen = boundary
+        self.seen, self.now = boundary, now
         if self.started is None:
             self.started = now
             self.governor.start(now)
-        elif old is None and not held and self.quiet(boundary, now, None):
-            return None  # the common boundary: no signal, nothing due on time
+        startup = boundary <= self.startup
         hunting = self.every != "auto"
-        if boundary > self.startup and hunting and boundary % self.every:  # type: ignore[operator]
-            return None
-        asked = self.held.observe(held) if held else None
+        if hunting and not startup and boundary % self.every:  # type: ignore[operator]
+            return Signals("step", boundary, hunting=True, nth=False)
+        self._asked = self.held.observe(held) if held else None
         grew = self._read_memory(boundary)
-        reason: Reason | None = None
-        if old is not None and old <= boundary - self.old:
-            reason = "old"
-        elif asked is not None:
-            reason = "held"
-        elif self.retry_at is not None and boundary >= self.retry_at:
-            reason = "retry"
-        elif grew:
-            reason = "memory"
-        if boundary <= self.startup:
-            return reason or "start"  # a signal's request at a start-up boundary is a full audit, at once
-        if reason is not None and (hunting or self._affords(reason, boundary, now)):
-            return reason
-        if reason is not None:
+        return Signals(
+            "step",
+            boundary,
+            startup=startup,
+            old=old is not None and old <= boundary - self.old,
+            held=self._asked is not None,
+            retry=self.retry_at is not None and boundary >= self.retry_at,
+            memory=grew,
+            surge=grew and self._grown() >= max(2 * self._grown_at_audit, MEMORY_FIRST * self._threshold()),
+            refill=refill,
+            known=known,
+            hunting=hunting,
+        )
+
+    def decide(self, signals: Signals) -> Decision:
+        """:func:`~gradguard._watch.decision.decide` for ``signals`` (read by :meth:`read`), with this
+        schedule's back-offs and the governor's account; a declined request is counted, and the signals that
+        made it are told (they ask again while their figure stays up)."""
+        reason = reason_of(signals)
+        decision = decide(signals, self._signals[reason or "time"], self)
+        if decision.declined:
             self.declined += 1
-        if asked is not None:
-            self.held.declined()
-        if grew and self._trigger is not None:
-            self._trigger.declined()
-        if self._backstop(now, boundary):
-            return "time"
-        self._plan_quiet()
-        return None
+            if decision.declined == "signal":
+                if self._asked is not None:
+                    self.held.declined()
+                if signals.memory and self._trigger is not None:
+                    self._trigger.declined()
+        return decision
 
-    def withdrawn(self, declined: bool) -> None:
-        """The caller did not act on the ``old`` request :meth:`boundary` just granted: the collector freed
-        its graphs or is yet to run (``declined``: no collection affordable now to tell, counted as a
-        declined request). The quiet boundaries are planned again, as after a request :meth:`boundary`
-        declines itself: while the collector's ration declines the next ones, they are skipped."""
-        self.declined += declined
-        self._plan_quiet()
+    def boundary(self, now: float, boundary: int, old: int | None, held: Mapping[str, int] | None) -> Decision:
+        """:meth:`read`, then :meth:`decide` (a caller with nothing to collect or read by name)."""
+        return self.decide(self.read(now, boundary, old, held))
 
-    def _backstop(self, now: float, boundary: int) -> bool:
+    # The account, as :func:`~gradguard._watch.decision.decide` asks it (as of the boundary being read).
+
+    def affords(self, estimate: float) -> bool:
+        """Whether work estimated at ``estimate`` seconds (the next audit's, when 0) fits the share now."""
+        return self.governor.affords(estimate or self.estimate(), self.now)
+
+    def solvent(self) -> bool:
+        """Whether the governor's account is not overdrawn now."""
+        return self.governor.solvent(self.now)
+
+    def backstop(self) -> bool:
         """Whether an audit no signal asked for is due: for graphs no signal sees (at doubling gaps while
         they find nothing new, within the governor's share)."""
-        if self.started is None or boundary < self._signals["time"].next_at:
+        if self.started is None or self.seen < self._signals["time"].next_at:
             return False
-        elapsed = now - self.started
+        elapsed = self.now - self.started
         if self.every != "auto":
             if not self.backstops:
                 return HUNTING_FIRST * self.first_cost <= elapsed
-            return self.backstop + self.last_cost <= HUNTING_BACKSTOP_SHARE * elapsed
-        return self.governor.affords(self.estimate(), now, BACKSTOP_SHARE)
+            return self.backstop_seconds + self.last_cost <= HUNTING_BACKSTOP_SHARE * elapsed
+        return self.governor.affords(self.estimate(), self.now, BACKSTOP_SHARE)
 
     def estimate(self) -> float:
         """What the next audit of the whole heap is expected to cost: the last one's, else the start-up check's."""
         return self.last_cost or self.first_cost
-
-    def _affords(self, reason: Reason, boundary: int, now: float) -> bool:
-        """Whether a signal's request runs now: at once while its audits find something new (or for the
-        first :data:`FREE` in a row that find nothing new), else once its doubling gap went by and the
-        governor's share allows. A signal quiet for :data:`QUIET` boundaries starts afresh only while the
-        governor's account is not overdrawn: a storm of stray requests is repaid before the next."""
-        signal = self._signals[_SIGNAL[reason]]
-        if reason != "retry" and boundary - signal.asked_at > max(QUIET, signal.gap) and self.governor.solvent(now):
-            signal.misses, signal.gap, signal.next_at = 0, 1, 0  # quiet since: a new request is a new story
-        signal.asked_at = boundary
-        if reason == "memory":
-            # Growth alone proves nothing (a replay buffer, a cache): at once only when the figure grew
-            # MEMORY_FIRST times its threshold, then twice as far as at its last audit: a leak costs audits
-            # logarithmic in its growth.
-            if self._grown() >= max(2 * self._grown_at_audit, MEMORY_FIRST * self._threshold()):
-                return True
-        elif signal.misses < FREE or signal.follow:
-            return True
-        return boundary >= signal.next_at and self.governor.affords(signal.cost or self.estimate(), now)
 
     def _threshold(self) -> int:
         """The memory trigger's largest threshold now (its floor before it has one)."""
         if self._trigger is None:
             return 0
         return max([*self._trigger.thresholds().values(), self._trigger.settings.floor])
-
-    def _plan_quiet(self) -> None:
-        """When the next boundary without a signal can be skipped at once: until the memory figure or the
-        backstop is due (hunting checks only its every-th boundaries), and before a retry is due. And
-        while an old request would be declined (see :meth:`_holds_old`)."""
-        self._old_until, self._old_unaffordable = 0, -math.inf
-        if self.every != "auto":
-            self.quiet_until, self.retry_due = -math.inf, 1 << 62
-            return
-        g = self.governor
-        if self.started is None or g.started is None:
-            return
-        backstop = g.started + (g.hot + g.spent + self.estimate()) / BACKSTOP_SHARE
-        reading = self._reader.next_due() if self._reader is not None else math.inf
-        self.quiet_until = min(backstop, reading)
-        self.retry_due = math.inf if self.retry_at is None else self.retry_at
-        old = self._signals["old"]
-        if old.misses >= FREE and not old.follow:
-            # The governor's account only grows: before this time its share cannot afford the request.
-            self._old_until = old.next_at
-            self._old_unaffordable = g.started + (g.hot + g.spent + (old.cost or self.estimate())) / SHARE
-
-    def quiet(self, boundary: int, now: float, old: int | None, collecting: bool = False) -> bool:
-        """Whether boundary ``boundary``, at ``now``, whose parameters' count did not change, asks for
-        nothing for sure: no signal and nothing due on time (see :attr:`quiet_until`), or only an old
-        graph whose request is held back (see :meth:`_holds_old`; an old graph's request comes before a
-        retry's, so a retry due changes nothing while one is alive). If so, the boundary is seen, as
-        :meth:`boundary` would see it, and the caller skips that call: the common boundary, a storm's
-        and a known leak's cost no more than a few comparisons.
-
-        Args:
-            boundary: The boundary's number in the thread, from 1.
-            now: The clock's time.
-            old: As :meth:`boundary`'s.
-            collecting: Whether the caller would decline an old graph's request after :meth:`boundary`
-                (the collector's own collections over their ration).
-
-        Returns:
-            ``True`` when :meth:`boundary` would return ``None`` and need not be called.
-        """
-        if not (now < self.quiet_until and self.startup < boundary):
-            return False
-        if old is None:
-            if boundary >= self.retry_due:
-                return False
-        elif not self._holds_old(boundary, now, collecting):
-            return False
-        self.seen = boundary
-        return True
-
-    def _holds_old(self, boundary: int, now: float, collecting: bool) -> bool:
-        """At a boundary quiet but for an old graph: whether the old signal's request is declined for
-        sure, by :meth:`boundary` (its gap not gone by, or the governor's share not reached since the
-        last plan) or by the caller after it (``collecting``: the collector's own collections are over
-        their ration, see :meth:`~gradguard._watch.garbage.Collector.declines`). If so, it is counted as
-        declined here, as either would count it."""
-        signal = self._signals["old"]
-        if boundary - signal.asked_at > max(QUIET, signal.gap):
-            return False  # it was quiet since its last request: this one may start afresh
-        if collecting or boundary < self._old_until or now < self._old_unaffordable:
-            signal.asked_at = boundary
-            self.declined += 1
-            return True
-        return False
 
     def audited(
         self,
@@ -328,7 +250,7 @@ class Schedule:
         if reason == "start":
             self.first_cost = max(self.first_cost, cost)
         elif reason == "time":
-            self.backstop += cost
+            self.backstop_seconds += cost
         if not partial:
             self.last_cost = cost
         if reason in _SIGNAL:
@@ -344,7 +266,6 @@ class Schedule:
         if self._trigger is not None:
             self._trigger.audited(new)
         self.held.audited(new)
-        self._plan_quiet()
 
     def handled(self, reason: Reason, boundary: int, cost: float, *, new: bool, pending: bool = False) -> None:
         """A signal's request was handled at ``boundary`` at ``cost`` (an audit, or a read of the holders

@@ -27,11 +27,12 @@ from .._policy.modes import DETACH, OFF, Mode, normalize_mode, resolve
 from . import backwards, idle
 from .audit import Ignore, RetentionReport, check_ignore
 from .auditing import Auditor, Pile
+from .decision import Collected, Reason
 from .governor import Governor
 from .known import Known
 from .options import Every, parse_every, parse_memory, parse_optimizers
 from .records import STORE, Records, memory_clause
-from .schedule import Reason, Schedule
+from .schedule import Schedule
 from .summary import HolderHistory, WatchFigures, render
 from .threads import ParameterCount, ThreadState, stamp_backward
 from .timeline import Timeline
@@ -287,39 +288,29 @@ class Watcher:
         if count is not None and count != held.last:
             held.last = count
             changed = {held.name: count}
-        collecting = old is not None and state.collector.declines(start)
-        if changed is None and schedule.quiet(boundary, start, old, collecting):
-            reason: Reason | None = None
-        else:
-            reason = schedule.boundary(start, boundary, old, changed)
+        auto = self.every == "auto"
+        signals = schedule.read(
+            start, boundary, old, changed, known=auto and bool(self._known), refill=mode == DETACH and state.refilling
+        )
+        decision = schedule.decide(signals)
         self._governor.signals += _clock() - start
-        if reason == "old" and self.every == "auto":  # hunting acts on every request, whatever it costs
+        if decision.action == "collect":
             garbage = state.collector.garbage(lambda: ledger.oldest_alive(through), boundary)
-            if garbage is not False:
-                # cyclic garbage the collector freed or has yet to free (no holder to find), or no collection
-                # affordable now to tell
-                planned = _clock()
-                schedule.withdrawn(declined=garbage is None)
-                self._governor.signals += _clock() - planned
-                reason = None
-        if reason is not None and reason != "start":
+            collected: Collected = "refused" if garbage is None else "garbage" if garbage else "survived"
+            decision = schedule.decide(signals := signals._replace(collected=collected))
+        if decision.action == "search" and decision.reason != "start" or decision.action == "read":
             sources, optimizers = self._judging(state, source, optimizers)
         else:
             sources = (source,)
-        if (
-            reason in ("old", "retry")
-            and self.every == "auto"
-            and self._known
-            and self._auditor.revisit(state, boundary, sources, optimizers, mode)
-        ):
-            reason = None  # every old graph was in a holder found before, and was acted on by name
+        if decision.action == "read":
+            refill = decision.reason is None  # the holders repaired before, which fill again
+            accounted = self._auditor.revisit(state, boundary, sources, optimizers, mode, only_refill=refill)
             self._records.measure_repairs(state)
-        elif reason is None and mode == DETACH and self._known and state.refilling:
-            # a holder repaired before fills again: while it does, at every boundary
-            self._auditor.revisit(state, boundary, sources, optimizers, mode, only_refill=True)
-            self._records.measure_repairs(state)
-        if reason is None:
+            decision = schedule.decide(signals._replace(read=refill or accounted))
+        if decision.action != "search":
             return None
+        reason = decision.reason
+        assert reason is not None  # a search always serves a reason
         return self._run_audit(state, boundary, reason, sources, optimizers, mode)
 
     def _point(self, clock: str, state: ThreadState, memory: int | None) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -18,6 +18,7 @@ import gradguard
 from gradguard._watch import schedule as _schedule
 from gradguard._watch import threads as _threads
 from gradguard._watch import watcher as _watch
+from gradguard._watch.decision import Decision
 from gradguard._watch.governor import BACKSTOP_SHARE, SHARE, Governor
 from gradguard._watch.schedule import HUNTING_BACKSTOP_SHARE, STARTUP, Schedule
 from gradguard._watch.trigger import DEFAULT_MEMORY, TriggerSettings
@@ -50,20 +51,9 @@ class FakeReader:
         return -math.inf  # read at every boundary
 
 
-class PacedReader(FakeReader):
-    """A memory figure due by time, as the real one: ``every`` seconds after its last reading."""
-
-    def __init__(self, clock: Callable[[], float], every: float = 0.005) -> None:
-        super().__init__()
-        self.clock, self.every = clock, every
-        self.last = -math.inf
-
-    def __call__(self) -> dict[str, int]:
-        self.last = self.clock()
-        return super().__call__()
-
-    def next_due(self) -> float:
-        return self.last + self.every
+def _searched(decision: Decision) -> str | None:
+    """The reason a decision searches for, or ``None`` when it does not search."""
+    return decision.reason if decision.action == "search" else None
 
 
 class Run:
@@ -87,10 +77,12 @@ class Run:
     ) -> str | None:
         self.boundary += 1
         self.now += self.step
-        reason = self.schedule.boundary(self.now, self.boundary, old, held)
-        if reason == "old" and collector is not None:  # as the watcher does: the collector "frees" the old
-            self.schedule.withdrawn(declined=collector == "declines")  # graphs, or "declines" to tell now
-            reason = None
+        signals = self.schedule.read(self.now, self.boundary, old, held)
+        decision = self.schedule.decide(signals)
+        if decision.action == "collect":  # as the watcher does: the collector "frees" the old graphs, or
+            collected = {"frees": "garbage", "declines": "refused", None: "survived"}[collector]  # "declines"
+            decision = self.schedule.decide(signals._replace(collected=collected))  # to tell now
+        reason = _searched(decision)
         self.reasons.append(reason)
         if reason is not None:
             self.schedule.governor.charge(self.cost, startup=reason == "start")
@@ -156,57 +148,6 @@ def test_old_graphs_that_keep_finding_nothing_back_off_and_keep_to_the_share() -
     assert charged <= SHARE * run.now + 0.05  # the whole cost within the share, but for one audit
 
 
-class QuietRun(Run):
-    """A :class:`Run` that skips :meth:`Schedule.boundary` as the watcher does: at a boundary found quiet,
-    and, with an old graph, while the schedule holds the old signal's request back."""
-
-    skipped_old = 0
-
-    def __call__(self, old: int | None = None, held: Mapping[str, int] | None = None, **kwargs: Any) -> str | None:
-        boundary, now = self.boundary + 1, self.now + self.step
-        if not held and self.schedule.quiet(boundary, now, old, kwargs.get("collector") == "declines"):
-            self.skipped_old += old is not None
-            self.boundary, self.now = boundary, now
-            self.reasons.append(None)
-            return None
-        return super().__call__(old, held, **kwargs)
-
-
-def _paced(kind: type[Run]) -> Run:
-    """A run of 0.5 ms steps and 50 ms audits whose memory figure is due every 5 ms of its clock."""
-    reader = PacedReader(lambda: run.now)
-    run = kind(_fresh(memory=TriggerSettings(), reader=lambda: reader), step=0.0005, cost=0.05)
-    return run
-
-
-@pytest.mark.parametrize("pattern", ["storm", "windows", "late-leak", "collector-rationed"])
-def test_a_boundary_skipped_while_an_old_request_is_held_back_decides_as_the_schedule_would(pattern: str) -> None:
-    """The watcher skips the schedule at quiet boundaries, old graphs or not, while it holds the old
-    signal's requests back: every audit, and every declined request, is the same as without skipping."""
-    if pattern == "collector-rationed":  # a memory figure due by time ends each quiet stretch
-        runs = [_paced(Run), _paced(QuietRun)]
-    else:
-        runs = [Run(_fresh(), step=0.0005, cost=0.05), QuietRun(_fresh(), step=0.0005, cost=0.05)]
-    for run in runs:
-        for _ in range(STARTUP):
-            run()
-        for b in range(STARTUP + 1, 30000):
-            if pattern == "storm":  # an old graph at every boundary, nothing explains it
-                run(old=b - 3)
-            elif pattern == "windows":  # old graphs for a while, then none, again and again
-                run(old=b - 3 if (b // 700) % 2 else None)
-            elif pattern == "collector-rationed":  # cyclic garbage, freed by the collector or left for later
-                collector = None if 20000 <= b < 20010 else "declines" if b % 400 > 20 else "frees"
-                run(old=b - 3 if b % 90 else None, collector=collector)
-            else:  # clean, then a leak that starts late
-                run(old=b - 3 if b > 20000 else None, new=b == 20003)
-    plain, quiet = runs
-    assert quiet.reasons == plain.reasons
-    assert quiet.schedule.declined == plain.schedule.declined > 0
-    assert plain.audited_at("old")
-    assert quiet.skipped_old > 0.8 * quiet.schedule.declined  # most declined requests never reached it
-
-
 def test_a_search_that_finds_a_new_leak_is_free_again() -> None:
     run = Run(_fresh(), step=0.001, cost=0.05)
     for _ in range(STARTUP):
@@ -263,7 +204,7 @@ def test_old_graphs_no_holder_was_found_for_are_looked_for_again_less_and_less_o
     looked = []
     for b in range(1, 400):
         now += 0.01
-        reason = schedule.boundary(now, b, None, None)
+        reason = _searched(schedule.boundary(now, b, None, None))
         if reason is not None:
             looked.append((b, reason))
             schedule.governor.charge(0.001, startup=reason == "start")
@@ -416,7 +357,7 @@ def test_every_backward_is_stamped_and_below_its_roots_within_a_share(monkeypatc
         below.append(state.ledger.placed > placed + 1)
         state.clock.tick(None)
         clock[0] += 0.0005
-    first = _threads.STAMP_FIRST
+    first = _schedule.STARTUP + 1  # the backwards of the start-up check's steps
     assert all(roots) and all(below[:first])
     assert 0.05 <= sum(below[first:]) / len(below[first:]) <= 0.12, sum(below[first:])
 
