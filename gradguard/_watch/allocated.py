@@ -15,7 +15,6 @@ between threads that read at the same time.
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import math
 import os
@@ -26,7 +25,7 @@ from types import ModuleType
 from typing import Literal
 
 from .._policy import validate
-from .tuning import COSTS_KEPT as _COSTS_KEPT
+from .governor import Ration
 from .tuning import CUDA_RESCAN as RESCAN
 
 __all__ = [
@@ -168,8 +167,7 @@ class AllocatedReader:
             validate.number(share, what="share", accepted="a number > 0 and <= 1, or None", ok=_fraction, text=False)
         self.share = share
         self._clock = clock
-        self._costs: collections.deque[float] = collections.deque(maxlen=_COSTS_KEPT)
-        self._last: float | None = None
+        self._ration = Ration(share) if share is not None else None
         self.skipped = 0
         self.seconds = 0.0
         """Wall time the readings took (with a ``share``)."""
@@ -190,17 +188,18 @@ class AllocatedReader:
 
     def __call__(self) -> dict[str, int]:
         now = self._clock()
-        if self.share is None:
+        ration = self._ration
+        if ration is None:
             out = self._read()
             self.seconds += self._clock() - now
             return out
-        if self._last is not None and min(self._costs) > self.share * (now - self._last):
+        if now < ration.next:
             self.skipped += 1
             return {}
         out = self._read()
-        self._last = self._clock()
-        self._costs.append(self._last - now)
-        self.seconds += self._last - now
+        end = self._clock()
+        ration.ran(now, end)
+        self.seconds += end - now
         return out
 
     def _read(self) -> dict[str, int]:
@@ -213,9 +212,7 @@ class AllocatedReader:
 
     def next_due(self) -> float:
         """The clock's time from which a call reads again (``-inf``: at once; with no ``share``, always)."""
-        if self.share is None or self._last is None or not self._costs:
-            return -math.inf
-        return self._last + min(self._costs) / self.share
+        return -math.inf if self._ration is None else self._ration.next
 
     def describe(self) -> str:
         """What the figures are, in one line (what is off, and why, included)."""

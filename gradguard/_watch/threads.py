@@ -24,11 +24,11 @@ from .._graph.stamps import Ledger, Stamp, metadata_of, node_key
 from .allocated import AllocatedReader
 from .criterion import Clock
 from .garbage import Collector
-from .governor import Governor
+from .governor import Governor, Ration
 from .schedule import Schedule
-from .tuning import DEEP_NODES, DEEP_SHARE, PARAMETER_SAMPLE, READ_SHARE, STAMP_FIRST
+from .tuning import DEEP_NODES, DEEP_SHARE, PARAMETER_SAMPLE, READ_SHARE, STARTUP
 
-__all__ = ["DEEP_NODES", "DEEP_SHARE", "STAMP_FIRST", "ParameterCount", "ThreadState", "arm", "stamp_backward"]
+__all__ = ["DEEP_NODES", "DEEP_SHARE", "ParameterCount", "ThreadState", "arm", "stamp_backward"]
 
 
 _clock = time.perf_counter
@@ -96,7 +96,7 @@ class ThreadState:
         self.held: dict[Hashable, ParameterCount] = {}
         self.promotions: tuple[int, int] | None = None  # the collector's at the end of the last audit
         self.busy = False
-        self.deep = _Rate(DEEP_SHARE)  # when to stamp below the roots next
+        self.deep = Ration(DEEP_SHARE)  # when to stamp below the roots next
         self.backwards = 0  # backwards stamped into this ledger since its last boundary
         self.unseen = 0  # boundaries at which no backward had been seen since the one before
         self.entry = 0  # the watch's entries this thread's schedule has seen
@@ -115,22 +115,6 @@ class ThreadState:
             if schedule.reader is None
             else AllocatedReader(cpu=schedule.reader.cpu_source or "off", share=READ_SHARE)
         )
-
-
-class _Rate:
-    """When a job that should take at most ``share`` of the wall time may run next: once the cheapest of
-    its last three runs is at most ``share`` of the time since the last one ended."""
-
-    __slots__ = ("costs", "next", "share")
-
-    def __init__(self, share: float) -> None:
-        self.share = share
-        self.costs: collections.deque[float] = collections.deque(maxlen=3)
-        self.next = 0.0
-
-    def ran(self, start: float, end: float) -> None:
-        self.costs.append(end - start)
-        self.next = end + min(self.costs) / self.share
 
 
 def stamp_backward(
@@ -160,7 +144,7 @@ def stamp_backward(
     governor.backwards += 1
     if not new:
         return
-    if whole_graph or epoch < STAMP_FIRST:
+    if whole_graph or epoch <= STARTUP:  # the start-up check's steps: stamped whatever it costs
         _stamp_below(new, state.ledger, epoch, None if whole_graph else DEEP_NODES)
     elif now >= state.deep.next:
         _stamp_below(new, state.ledger, epoch, DEEP_NODES)
