@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from .._policy import table as _table
 from .._policy.message import display, fix_lines, human, nodes_text, plural, wrap
-from .tuning import OLD_ENOUGH
+from .tuning import OLD
 
 __all__ = ["BOUNDED", "NOTHING", "HolderHistory", "WatchFigures", "WatchRecord", "render", "summarize"]
 
@@ -390,7 +390,7 @@ def _coverage(f: WatchFigures) -> list[str]:
             f"{plural(f.collecting, 'check')} for old graphs waited for the program's own collection "
             "(the collector is disabled: a leak that started meanwhile is reported after the next one)"
         )
-    if f.since_audit >= OLD_ENOUGH:
+    if f.since_audit >= OLD:
         said.append(
             "a graph kept below a backward's nearest nodes, or saving no parameter, is found by an audit only: the "
             f"last ran {plural(f.since_audit, 'step boundary')} before the end"

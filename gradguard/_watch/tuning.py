@@ -26,15 +26,12 @@ __all__ = [
     "MOST",
     "NODE_BYTES",
     "OLD",
-    "OLD_ENOUGH",
-    "OLD_HUNTING",
     "OPTIMIZER_RESCAN",
     "PARAMETER_SAMPLE",
     "QUIET",
     "READ_SHARE",
     "RESIDENT_FLOOR",
     "SHARE",
-    "STAMP_FIRST",
     "STARTUP",
     "STEP_FREE",
     "TABLE",
@@ -71,13 +68,12 @@ HUNTING_BACKSTOP_SHARE = 0.1
 # --- the step clock ------------------------------------------------------------------------------------
 
 STARTUP = 2
-"""Step boundaries of a thread (and after each entry of a watch) audited whatever the signals say."""
+"""Step boundaries of a thread (and after each entry of a watch) audited whatever the signals say; the
+backwards of the steps up to the last of them are stamped below their roots whatever it costs."""
 
 OLD = 3
-"""Step boundaries back a stamp alive asks for an audit: it lived through two."""
-
-OLD_HUNTING = 2
-"""With ``every=N``: the same, at one boundary lived through (a list's second record)."""
+"""Step boundaries back a stamp alive asks for an audit: it lived through two (with ``every=N``, one less:
+a list's second record asks). The summary says an audit was long ago past as many."""
 
 STEP_FREE = 1
 """Requests of a step signal served at once while they find nothing new."""
@@ -97,8 +93,6 @@ GAP_CAP = 1024
 KEPT_BOUNDARIES = 4096
 """Step boundaries remembered per optimizer: a graph's survival is counted up to there."""
 
-OLD_ENOUGH = 3
-"""Step boundaries after the last audit past which the summary says a graph may have gone unseen."""
 
 PARAMETER_SAMPLE = 4
 """Parameters whose reference count is read at each step boundary, in turn."""
@@ -124,8 +118,6 @@ optimizer yet (a look follows only when the figure grew)."""
 
 # --- stamps --------------------------------------------------------------------------------------------
 
-STAMP_FIRST = 3
-"""Step boundaries of a thread whose backwards are stamped below their roots whatever it costs."""
 
 DEEP_NODES = 32
 """Nodes stamped below a backward's roots, nearest first (the whole graph with ``every=N``)."""
@@ -182,21 +174,18 @@ TABLE: dict[str, tuple[float, str]] = {
     "HUNTING_BACKSTOP_SHARE": (HUNTING_BACKSTOP_SHARE, "every=N: torch.func graphs found vs audits; tests"),
     "STARTUP": (STARTUP, "a first-step leak of any shape judged by boundary 3 vs two audits a run"),
     "OLD": (OLD, "the criterion's two boundaries lived through, read in constant time"),
-    "OLD_HUNTING": (OLD_HUNTING, "every=N: a list's second record asks vs one more audit"),
     "STEP_FREE": (STEP_FREE, "a signal's first request at once vs storms; benchmarks/watch (storms)"),
     "MEMORY_FIRST": (MEMORY_FIRST, "a big leak seen early vs a replay buffer's audits; benchmarks/trigger"),
     "QUIET": (QUIET, "a later leak not delayed by an early stray request vs storms; benchmarks/watch"),
     "HUNTING_FIRST": (HUNTING_FIRST, "every=N: a short run gets a backstop audit vs its cost"),
     "GAP_CAP": (GAP_CAP, "the longest wait of a signal that keeps finding nothing"),
     "KEPT_BOUNDARIES": (KEPT_BOUNDARIES, "survival counted far back vs memory per optimizer"),
-    "OLD_ENOUGH": (OLD_ENOUGH, "when the summary says an audit was long ago"),
     "PARAMETER_SAMPLE": (PARAMETER_SAMPLE, "parameters read per boundary vs the boundary's cost; benchmarks/watch"),
     "OPTIMIZER_RESCAN": (OPTIMIZER_RESCAN, "optimizers made before the watch found vs census passes"),
     "MICRO_FREE": (MICRO_FREE, "the seed's store found in its first step vs searches on clean programs"),
     "FOLLOW": (FOLLOW, "a slow store judged vs reads of a GPipe list; tests/watch/test_microbatch.py"),
     "IDLE_FREE": (IDLE_FREE, "a short loop judged from its first two looks vs their cost"),
     "IDLE_PERIOD": (IDLE_PERIOD, "a short evaluation loop looked at twice vs a thread's wake-ups"),
-    "STAMP_FIRST": (STAMP_FIRST, "records below the loss seen from the first steps vs their stamping"),
     "DEEP_NODES": (DEEP_NODES, "how far below the loss a record is seen vs stamping cost"),
     "MOST": (MOST, "holders read by name vs the memory of their recipes"),
     "TRIGGER_FLOOR": (
