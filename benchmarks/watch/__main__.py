@@ -64,12 +64,19 @@ def measure(args: argparse.Namespace, say: Callable[[str], None]) -> list[dict[s
         entries.append(entry)
         say(row_text(entry))
 
+    def wanted(case: str) -> bool:
+        return not args.only or case.startswith(tuple(args.only))
+
     for case, kind, run in _cases(args):
+        if not wanted(case):
+            continue
         entry = {"case": case, "kind": kind, "unwatched": run(False), "watched": run(True)}
         done({**entry, "unit": "micro-batch"} if case.startswith("micro/") else entry)
     device = torch.device(args.device)
     cases = cost_cases(device, args.mb_scenario, args.cost_steps, args.mb_steps, args.storm_steps, args.micro_steps)
     for case, target, run in cases:
+        if not wanted(case):
+            continue
         figures = side_by_side(run, args.rounds)
         steps = figures["pairs"][0]["unwatched"]["steps"]
         entry = {"case": case, "kind": "cost", "target": target, "steps": steps, "quick": args.quick, **figures}
@@ -81,6 +88,8 @@ def measure(args: argparse.Namespace, say: Callable[[str], None]) -> list[dict[s
             entry["micro_ms"] = figures["step_ms"] / micro
         done(entry)
     shorter = None
+    if not wanted("library-leak/"):
+        return entries
     for steps, figures in library_leak(args.device, args.library_steps, args.rounds).items():
         entry = {"case": f"library-leak/{steps}", "kind": "library leak", "target": 1.05, "steps": steps}
         entry.update(quick=args.quick, shorter=shorter, **figures)
@@ -117,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--micro-steps", type=int, default=40, help="cost/clean-64mb: steps (of 64 micro-batches) a run")
     p.add_argument("--seed-micro-batches", type=int, default=256, help="micro/seed: micro-batches of its one step")
     p.add_argument("--library-steps", type=_steps, default=[200, 800], help="library-leak: two run lengths")
+    p.add_argument("--only", action="append", metavar="PREFIX", help="only the cases whose name starts so")
     p.add_argument("--quick", action="store_true", help="a smoke run: one scenario, short runs, ratios not judged")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--md", metavar="PATH")
