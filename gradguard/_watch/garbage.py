@@ -15,18 +15,17 @@ collector first:
 
 The start-up check that reads the young generations collects the youngest first (when the collector
 is enabled). A collection of its own is charged to the governor and rationed to
-:data:`COLLECT_SHARE` of the wall time, the first one free; while it is rationed, or while a disabled
-collector has not run, the request is declined (the signal asks again at the next boundary, in
-constant time).
+:data:`COLLECT_SHARE` of the wall time by the governor's one rate rule (:class:`~gradguard._watch.governor.Ration`),
+the first one at once; while it is rationed, or while a disabled collector has not run, the request is
+declined (the signal asks again at the next boundary, in constant time).
 """
 
 from __future__ import annotations
 
 import gc
-import math
 from collections.abc import Callable
 
-from .governor import Governor
+from .governor import Governor, Ration
 from .tuning import COLLECT_SHARE
 
 __all__ = ["COLLECT_SHARE", "Collector"]
@@ -56,9 +55,8 @@ class Collector:
         "_governor",
         "collected",
         "freed",
+        "ration",
         "seen",
-        "spent",
-        "until",
         "waited",
         "waiting",
     )
@@ -76,12 +74,9 @@ class Collector:
         self._collect = collect
         self._enabled = enabled
         self._collections = collections
-        self.spent = 0.0
-        """Seconds the collections of its own took."""
-        self.until = -math.inf
-        """Before this time (the governor's clock) its collections so far are over their ration: a
-        collection of its own is not affordable, and :meth:`garbage` declines a request at once (the
-        first collection is free: none is counted yet)."""
+        self.ration = Ration(COLLECT_SHARE)
+        """When a collection of its own is affordable next (the first at once); its ``seconds``: what they
+        all took."""
         self.collected = 0
         """Collections of its own."""
         self.waiting: int | None = None
@@ -101,12 +96,6 @@ class Collector:
         first step kept to the oldest, out of the check's sight."""
         if self._enabled():
             gc.collect(0)
-
-    def declines(self, now: float) -> bool:
-        """Whether :meth:`garbage` would decline a request at ``now`` (the collector enabled, its own
-        collections over their ration until :attr:`until`) without looking: the caller may count the
-        request declined and skip it."""
-        return now < self.until and self._enabled()
 
     def garbage(self, oldest: Callable[[], int | None], boundary: int) -> bool | None:
         """Whether an ``old`` request at ``boundary`` is for graphs that are only waiting for the collector.
@@ -138,16 +127,13 @@ class Collector:
             return False
         self.waiting = None
         start = self._clock()
-        if start < self.until:
+        if start < self.ration.next:
             return None
         self._collect()
-        cost = self._clock() - start
-        self.spent += cost
+        end = self._clock()
+        self.ration.ran(start, end)
         self.collected += 1
-        self._governor.charge(cost)
-        started = self._governor.started
-        if started is not None:
-            self.until = started + self.spent / COLLECT_SHARE
+        self._governor.charge(end - start)
         if oldest() is not None:
             return False
         self.freed += 1

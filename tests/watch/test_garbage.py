@@ -100,22 +100,7 @@ def test_the_watchs_own_collections_are_rationed_to_their_share_the_first_free()
     fake.time = 0.01 / COLLECT_SHARE + 1.0
     assert collector.garbage(fake.oldest, boundary=6) is True
     assert fake.collects == 2
-    assert collector.spent == pytest.approx(0.02)
-
-
-def test_while_its_collections_are_over_their_ration_a_request_is_declined_without_asking() -> None:
-    fake = FakeGc()
-    collector = fake.collector()
-    assert not collector.declines(0.0)  # the first collection is free
-    fake.cost = 0.01
-    fake.alive, fake.garbage = [1], [1]
-    assert collector.garbage(fake.oldest, boundary=4) is True
-    fake.time += 0.01
-    assert collector.declines(fake.time)
-    assert collector.garbage(fake.oldest, boundary=5) is None  # what declines() said, found by asking
-    assert not collector.declines(0.01 / COLLECT_SHARE)  # the ration affords the next one from then
-    fake.enabled = False
-    assert not collector.declines(fake.time)  # the program collects by hand: its collections decide
+    assert collector.ration.seconds == pytest.approx(0.02)
 
 
 def test_with_the_collector_disabled_a_request_waits_for_the_programs_next_collection() -> None:
