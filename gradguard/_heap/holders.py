@@ -31,7 +31,7 @@ from .installed import library_of_module
 from .paths import Path, is_a, module_dict, tensor_grad
 from .roots import NamedRoot, live_roots
 
-__all__ = ["find_paths", "own_code", "running_thread"]
+__all__ = ["find_paths", "other_threads_locals", "own_code", "running_thread"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(sys.modules[__name__.partition(".")[0]].__file__ or "")) + os.sep
 _REVERSE_LEVELS = 32  # past this many levels up, one forward sweep from the roots finds the rest (see _Search.run)
@@ -72,6 +72,29 @@ def running_thread(frame: Any) -> int | None:
         return None
     finally:
         stacks = top = current = None  # type: ignore[assignment]  # this frame is on a stack: no cycle with it
+
+
+def other_threads_locals() -> set[int]:
+    """ids of what the function frames on the other threads' stacks hold in their locals, and of the items
+    of the lists, tuples and dicts among them: what a thread in the middle of its step holds for now
+    (module and class bodies aside: their locals are a namespace that outlives any step)."""
+    me = sys._getframe()
+    ids: set[int] = set()
+    tops = [top for top in sys._current_frames().values() if top is not me]
+    frame: types.FrameType | None = None
+    for frame in tops:
+        while frame is not None:
+            if frame.f_code.co_flags & _CO_OPTIMIZED and not own_code(frame.f_code):
+                for _, value in frame_locals(frame) or ():
+                    ids.add(id(value))
+                    if type(value) in (list, tuple):
+                        ids.update(map(id, value))
+                    elif type(value) is dict:
+                        ids.update(map(id, list(value.values())))
+            frame = frame.f_back
+    tops.clear()
+    frame = me = None  # type: ignore[assignment]  # no frame of a stack is left held by this one
+    return ids
 
 
 def _thread_frames() -> list[types.FrameType]:

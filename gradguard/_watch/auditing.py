@@ -30,6 +30,7 @@ from .._graph.nodes import nodes as graph_nodes
 from .._graph.stamps import Ledger, epochs_below, micros_below, oldest_below
 from .._heap.census import live_graph_tensors
 from .._heap.hold import search_lock
+from .._heap.holders import other_threads_locals
 from .._heap.paths import Path
 from .._policy import stats as _stats
 from .._policy.modes import DETACH, OFF, RAISE, WARN, Mode, resolve
@@ -120,9 +121,14 @@ class Auditor:
                 state.ledger.judged(node)
             del views
             born_at = ages(tensors, state.ledger, model)
+            # What another thread's step holds for now is that thread's to age (a stamp here would make it
+            # old on this thread's boundaries while that thread waits for the interpreter).
+            theirs = other_threads_locals() if threading.active_count() > 1 else ()
             for t in tensors:  # what is alive now is followed from here on, and for a backward using it
-                state.ledger.place(t.grad_fn, boundary - 1)
-                arm(state, t.grad_fn, boundary)
+                if id(t) not in theirs:
+                    state.ledger.place(t.grad_fn, boundary - 1)
+                    arm(state, t.grad_fn, boundary)
+            del theirs
             survived = _survived(state, sources)
             stamped = [t for t in tensors if id(t) in born_at]
             search = any(survived(born_at[id(t)].born) >= 1 for t in stamped)
