@@ -16,7 +16,7 @@ import threading
 import time
 from types import TracebackType
 
-__all__ = ["SearchLock", "search_lock"]
+__all__ = ["SearchLock", "search_lock", "work_clock"]
 
 _HELD = 3600.0  # seconds: longer than any search
 
@@ -25,12 +25,13 @@ class SearchLock:
     """A re-entrant lock whose holder runs alone: the switch interval is raised while it is held, and put
     back exactly as it was when the outermost hold ends."""
 
-    __slots__ = ("_depth", "_interval", "_lock")
+    __slots__ = ("_depth", "_interval", "_lock", "_waits")
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._depth = 0
         self._interval = 0.0
+        self._waits = threading.local()
 
     def acquire(self, blocking: bool = True) -> bool:
         """Take the lock (``blocking=False``: only if free now, or already this thread's).
@@ -41,6 +42,7 @@ class SearchLock:
         Returns:
             Whether it is held now.
         """
+        start = time.perf_counter()
         if not self._lock.acquire(blocking):
             return False
         self._depth += 1
@@ -49,7 +51,13 @@ class SearchLock:
             sys.setswitchinterval(_HELD)
             if threading.active_count() > 1:
                 _settle(interval)
+            self._waits.seconds = self.waited() + time.perf_counter() - start
         return True
+
+    def waited(self) -> float:
+        """Seconds the calling thread waited in all to take the lock: for another thread's search, and for
+        the hand-over before its own (the program's other threads run meanwhile)."""
+        return getattr(self._waits, "seconds", 0.0)
 
     def release(self) -> None:
         """Let one hold go; the outermost puts the switch interval back."""
@@ -86,3 +94,10 @@ def _settle(interval: float) -> None:
 search_lock = SearchLock()
 """The process's one: a search running next to another would also see the other's tables (lists of every
 object) as referrers, and slow down many times over."""
+
+
+def work_clock() -> float:
+    """The calling thread's clock for the watch's own work: the wall time less the time it waited for the
+    search lock (another thread's search is that thread's work, charged once). Only spans measured in one
+    thread compare."""
+    return time.perf_counter() - search_lock.waited()

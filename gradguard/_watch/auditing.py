@@ -29,7 +29,7 @@ from .._graph.memory import graph_memory
 from .._graph.nodes import nodes as graph_nodes
 from .._graph.stamps import Ledger, epochs_below, micros_below, oldest_below
 from .._heap.census import live_graph_tensors
-from .._heap.hold import search_lock
+from .._heap.hold import search_lock, work_clock  # spans of work: a wait for another thread's search is its own
 from .._heap.holders import other_threads_locals
 from .._heap.paths import Path
 from .._policy import stats as _stats
@@ -157,7 +157,7 @@ class Auditor:
         recipes = self._known.recipes()
         if not recipes:
             return False
-        start = _clock()
+        start = work_clock()
         with search_lock:
             if mode == DETACH:
                 recipes = self._known.refill(state, recipes, boundary, sources[0], self._records)
@@ -176,7 +176,7 @@ class Auditor:
             if any(survived(age.born) >= 1 for age in born_at.values()):
                 leaks = self.judge(state, boundary, sources, optimizers, tensors, born_at, known, partial=True)
             del tensors, known
-        cost = _clock() - start
+        cost = work_clock() - start
         self._governor.charge(cost)
         if leaks:
             self.act(state, leaks, mode, user_frame())
@@ -296,7 +296,7 @@ class Auditor:
         old = ledger.micro_old(n)
         if old is None and not state.following:
             return Decision("nothing", None, "no graph of an earlier backward is alive"), False
-        start = _clock()
+        start = work_clock()
         backoff = state.micro_backoff
         if backoff is None:
             backoff = state.micro_backoff = Searches()
@@ -325,16 +325,16 @@ class Auditor:
                         backoff.handled(n, 0.0, False, MICRO_FREE)
                 backoff.declined += bool(decision.declined)
                 if decision.action == "search":
-                    searched = _clock()
+                    searched = work_clock()
                     found = self._search_micro(state, n, step, leaks)
-                    backoff.searched(n, _clock() - searched, found)
+                    backoff.searched(n, work_clock() - searched, found)
                     with self._records.lock:
                         self._records.counts["audits"] += 1
                         self._records.counts["searches"] += 1
                         self._records.counts["micro"] += 1
                 if decision.declined != "signal":
                     ledger.micro_horizon = n - 1
-            cost = _clock() - start
+            cost = work_clock() - start
             # The start-up searches are not the share's: one on a large heap would leave it spent for as long
             # as the program ran until then, and decline every later request of either clock.
             self._governor.charge(cost, startup=free and decision.action == "search")
@@ -431,7 +431,7 @@ class Auditor:
         saw, and how many looks found it grown since the one before). The first looks that see graphs run at
         once, the others within the watch's share of the time. Returns whether a holder was new or grew (else
         the memory figure's rule backs off)."""
-        start = _clock()
+        start = work_clock()
         self._governor.start(start)
         if self._idle_looks >= IDLE_FREE and not self._governor.affords(self._idle_cost, start):
             return False
@@ -439,7 +439,7 @@ class Auditor:
         with search_lock:
             tensors = live_graph_tensors(set())
         if not tensors:  # the rise was something else's (imports, data): a census, not an audit
-            self._governor.charge(_clock() - start)
+            self._governor.charge(work_clock() - start)
             return False
         try:
             with search_lock:
@@ -476,7 +476,7 @@ class Auditor:
                 piles.update(seen_now)
                 del findings, older, seen_now
         finally:
-            cost = self._idle_cost = _clock() - start
+            cost = self._idle_cost = work_clock() - start
             self._governor.charge(cost)
             with self._records.lock:
                 self._records.spent += cost
@@ -488,7 +488,7 @@ class Auditor:
         """Between idle looks: the holders they found, read by name (no heap pass): how many graph tensors
         and graph nodes each keeps now, and whether that grew since the last look or read (returned). One
         seen growing once is not read again: the verdict needs no more."""
-        start = _clock()
+        start = work_clock()
         grew = False
         with search_lock:
             for key, pile in list(piles.items()):
@@ -506,7 +506,7 @@ class Auditor:
                 piles[key] = pile._replace(seen=seen, grew=pile.grew + more, tensors=len(tensors), nodes=nodes)
                 grew = grew or more
                 del tensors
-        self._governor.charge(_clock() - start)
+        self._governor.charge(work_clock() - start)
         return grew
 
     def conclude_idle(self, piles: dict[str, Pile], mode: Mode) -> GraphRetentionError | None:
@@ -555,7 +555,7 @@ class Auditor:
         mode = resolve(mode)
         if mode == OFF:
             return RetentionReport([])
-        start = _clock()
+        start = work_clock()
         try:
             with search_lock:
                 tensors = live_graph_tensors(set())
@@ -575,7 +575,7 @@ class Auditor:
             ended = f" after {what} ended"
             return self.act(state, leaks, mode, where if where is not None else user_frame(), ended)
         finally:
-            cost = _clock() - start
+            cost = work_clock() - start
             self._governor.charge(cost)
             with self._records.lock:
                 self._records.spent += cost

@@ -23,6 +23,7 @@ import torch
 from .._errors import GraphRetentionError
 from .._graph.stamps import Ledger
 from .._heap.census import promotions
+from .._heap.hold import work_clock
 from .._policy.modes import DETACH, OFF, Mode, normalize_mode, resolve
 from . import backwards, idle
 from .audit import Ignore, RetentionReport, check_ignore
@@ -403,7 +404,7 @@ class Watcher:
     ) -> RetentionReport:
         state.busy = True
         known = self._records.keys()
-        start = _clock()
+        start = work_clock()
         raised: BaseException | None = None
         searched: list[bool] = []
         young = False
@@ -426,7 +427,7 @@ class Watcher:
             raise
         finally:
             self._records.measure_repairs(state)
-            cost = _clock() - start
+            cost = work_clock() - start
             state.busy = False
             state.clock.audited = boundary
             state.promotions = promotions()

@@ -8,11 +8,12 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 from _helpers import env
 
-from gradguard._heap.hold import SearchLock
+from gradguard._heap.hold import SearchLock, search_lock, work_clock
 
 # A thread builds tuples from a generator that sleeps between items (the tuple is half built while it waits
 # for the interpreter lock); the main thread trains with a leak under the watch and audits besides, so
@@ -98,3 +99,25 @@ def test_a_search_lock_held_elsewhere_is_not_taken_without_waiting() -> None:
     finally:
         release.set()
         holder.join()
+
+
+def test_the_wait_for_another_threads_search_is_not_the_waiters_work() -> None:
+    # Both threads charged the one search: the waiter's audit took the other's search as its own cost.
+    taken = threading.Event()
+
+    def hold() -> None:
+        with search_lock:
+            taken.set()
+            time.sleep(0.5)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert taken.wait(30)
+        wall, work = time.perf_counter(), work_clock()
+        with search_lock:
+            pass
+        wall, work = time.perf_counter() - wall, work_clock() - work
+    finally:
+        holder.join()
+    assert wall > 0.3 and work < 0.1, (wall, work)
