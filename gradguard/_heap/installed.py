@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from .hold import before_search, working_directory
 from .known_leaks import KNOWN_LEAKS, KnownLeak
 
 __all__ = [
@@ -29,13 +30,16 @@ __all__ = [
     "library_of_module",
     "package_version",
     "program_frame",
+    "short_path",
 ]
 
 
+@before_search
 @functools.lru_cache(maxsize=1)
 def library_dirs() -> tuple[str, ...]:
-    """The directories installed packages live in, each ending with a separator: the ``site-packages``
-    directories, and the folders on ``sys.path`` (as it is at the first call) that hold a ``*.dist-info``."""
+    """The directories installed packages live in, each ending with a separator, as named and with their
+    links resolved: the ``site-packages`` directories, and the folders on ``sys.path`` (as it is at the first
+    call) that hold a ``*.dist-info``."""
     dirs = {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
     try:
         dirs.update(site.getsitepackages())
@@ -43,7 +47,7 @@ def library_dirs() -> tuple[str, ...]:
     except AttributeError:  # a virtualenv's old site module
         pass
     dirs.update(d for d in sys.path if d and _holds_dist_info(d))
-    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs if d)
+    return tuple({os.path.join(form, ""): None for d in dirs if d for form in (d, os.path.realpath(d))})
 
 
 def _holds_dist_info(folder: str) -> bool:
@@ -70,7 +74,22 @@ def library_of_module(name: str) -> str | None:
     filename = getattr(module, "__file__", None) if _is_module(module) else None
     if not isinstance(filename, str):
         return None
-    return top if os.path.realpath(filename).startswith(library_dirs()) else None
+    return top if filename.startswith(library_dirs()) else None
+
+
+def short_path(filename: str) -> str | None:
+    """``filename`` as messages name it: relative to the directory its installed package lives in, or to the
+    working directory when under it; ``None`` otherwise. Reads nothing from the operating system during a
+    search (see :func:`~gradguard._heap.hold.working_directory`)."""
+    site_dir = next((d for d in library_dirs() if filename.startswith(d)), None)
+    if site_dir is not None:
+        return filename[len(site_dir) :]
+    cwd = working_directory()
+    try:
+        relative = os.path.relpath(os.path.join(cwd, filename), cwd)
+    except ValueError:  # another drive on Windows
+        return None
+    return None if relative.startswith(os.pardir) else relative
 
 
 @functools.lru_cache(maxsize=256)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import gc
-import os
 import re
 import types
 from collections.abc import Sequence
@@ -157,19 +156,8 @@ def frame_where(frame: types.FrameType, *, line: bool = True) -> str:
     """``train.py:42 in train_step``: the file (an installed package's relative to its ``site-packages``,
     ``transformers/trainer.py``; another relative to the working directory when under it), the current
     line, the function's qualified name."""
-    code = frame.f_code
-    filename = code.co_filename
-    real = os.path.realpath(filename)
-    site = next((d for d in installed.library_dirs() if real.startswith(d)), None)
-    if site is not None:
-        filename = real[len(site) :]
-    else:
-        try:
-            relative = os.path.relpath(filename)
-            if not relative.startswith(os.pardir):
-                filename = relative
-        except ValueError:  # another drive on Windows
-            pass
+    filename = frame.f_code.co_filename
+    filename = installed.short_path(filename) or filename
     name = frame_qualname(frame)
     return f"{filename}:{frame.f_lineno} in {name}" if line else f"{filename} in {name}"
 

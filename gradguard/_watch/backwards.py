@@ -27,6 +27,7 @@ import wrapt
 from torch.autograd.variable import Variable
 
 from .._errors import GraphRetentionError
+from .._heap.hold import search_lock
 
 __all__ = ["After", "Handle", "Listener", "failures", "listen", "listening"]
 
@@ -65,10 +66,14 @@ class _Engine(wrapt.ObjectProxy):  # type: ignore[misc]
                 if then is not None and not depth:
                     after.append(then)
         _depth.n = depth + 1
+        if not depth:
+            search_lock.backward_starts()
         try:
             result = self.__wrapped__.run_backward(*args, **kwargs)
         finally:
             _depth.n = depth
+            if not depth:
+                search_lock.backward_ends()
         for then in after:
             try:
                 then()

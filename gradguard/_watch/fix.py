@@ -23,7 +23,7 @@ import types
 import torch
 
 from .._errors import GradGuardError
-from .._heap.installed import known_leak, library_dirs, library_of_module, package_version, program_frame
+from .._heap.installed import known_leak, library_of_module, package_version, program_frame, short_path
 from .._heap.known_leaks import KnownLeak
 from .._heap.ownership import Owner, path_owners
 from .._heap.paths import Path, frame_qualname, module_dict, reaches, read, spell_steps
@@ -209,15 +209,7 @@ def _frame_where(frame: types.FrameType) -> str:
 def _short(filename: str) -> str:
     """A file as a message names it, never by a path of this machine: an installed package's relative to
     the folder it is installed in, another relative to the working directory when under it, else its name."""
-    real = os.path.realpath(filename)
-    site = next((d for d in library_dirs() if real.startswith(d)), None)
-    if site is not None:
-        return real[len(site) :]
-    try:
-        relative = os.path.relpath(filename)
-    except ValueError:  # another drive on Windows
-        return os.path.basename(filename)
-    return os.path.basename(filename) if relative.startswith(os.pardir) else relative
+    return short_path(filename) or os.path.basename(filename)
 
 
 def _spelled(path: Path, start: int, end: int, owners: list[Owner]) -> str:

@@ -4,15 +4,19 @@ may be corrupted), and the switch interval is put back exactly as it was."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+from typing import Any
 
 import pytest
+import torch
 from _helpers import env
 
+import gradguard
 from gradguard._heap.hold import SearchLock, search_lock, work_clock
 
 # A thread builds tuples from a generator that sleeps between items (the tuple is half built while it waits
@@ -121,3 +125,63 @@ def test_the_wait_for_another_threads_search_is_not_the_waiters_work() -> None:
     finally:
         holder.join()
     assert wall > 0.3 and work < 0.1, (wall, work)
+
+
+def test_a_search_reads_nothing_from_the_operating_system(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Such a call releases the interpreter lock: the program's threads ran while the search held their objects
+    # (a file name resolved to spell a frame's holder; a watched four-thread training crashed, memory corrupted).
+    calls: list[str] = []
+    for name in ("getcwd", "lstat", "stat", "scandir", "listdir", "readlink"):
+
+        def spy(*args: object, _real: Any = getattr(os, name), _name: str = name, **kwargs: object) -> Any:  # noqa: B008
+            if search_lock.owned():
+                calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(os, name, spy)
+    x = torch.ones(3, requires_grad=True)
+    kept = [x * 2]  # a frame local's graph: its holder is spelled with this file's name
+    report = gradguard.audit()
+    assert any(entry.holder.endswith("kept[*]") for entry in report), [entry.holder for entry in report]
+    assert calls == [] and kept
+
+
+def test_a_search_waits_for_the_backwards_running_in_other_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The search reads graphs' saved tensors, which the autograd engine frees as a backward runs through them,
+    # with no lock of theirs: a search beside another thread's backward crashed a watched four-thread training.
+    from gradguard._watch import audit as audit_module
+    from gradguard._watch import backwards
+
+    steps = 20
+    progress, seen, started = [0], [], threading.Event()
+    census = audit_module.live_graph_tensors
+    main = threading.get_ident()
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() == main:
+            seen.append(progress[0])
+        return census(*args, **kwargs)
+
+    def slow_hook(grad: torch.Tensor) -> torch.Tensor:
+        started.set()
+        for _ in range(steps):
+            progress[0] += 1
+            time.sleep(0.01)
+        return grad
+
+    def train() -> None:
+        x = torch.ones(3, requires_grad=True)
+        x.register_hook(slow_hook)
+        (x * 2).sum().backward()
+
+    monkeypatch.setattr(audit_module, "live_graph_tensors", counted)
+    handle = backwards.listen(lambda roots, nested: None)
+    worker = threading.Thread(target=train)
+    try:
+        worker.start()
+        assert started.wait(30)
+        gradguard.audit()
+    finally:
+        worker.join(30)
+        handle.remove()
+    assert seen == [steps]
