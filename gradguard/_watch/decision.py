@@ -8,9 +8,9 @@ holders found before by name; or search the heap, for a named reason. An answer 
 boundary's whole path is a few calls of this one function:
 
     signals = Signals("step", 7, old=True, known=True)
-    decide(signals, ...)                                   -> collect
-    decide(signals._replace(collected="survived"), ...)    -> read
-    decide(signals._replace(collected="survived", read=False), ...) -> search (old)
+    decide(signals, ...)                                   -> read
+    decide(signals._replace(read=False), ...)              -> collect
+    decide(signals._replace(read=False, collected="survived"), ...) -> search (old)
 
 What each request may cost is the budget's (:class:`Budget`: one account, :mod:`gradguard._watch.governor`);
 how often a signal that keeps finding nothing asks is its back-off's (:mod:`gradguard._watch.backoff`).
@@ -159,18 +159,18 @@ def _step(s: Signals, backoff: Backoff, budget: Budget, free: int) -> Decision:
             return Decision("nothing", reason, "declined: the signal's back-off or the watch's share", "signal")
     if reason is None:
         return Decision("search", "start", "a start-up boundary: the first steps are searched whatever they show")
+    if not s.hunting and reason in ("old", "retry") and s.known:
+        if s.read is None:
+            return Decision("read", reason, "holders found before may keep the old graphs: read them by name first")
+        if s.read:
+            return Decision("nothing", reason, "the holders found before keep every old graph (acted on by name)")
     if not s.hunting and reason == "old":
         if s.collected is None:
-            return Decision("collect", reason, "an old graph may be cyclic garbage: ask the collector first")
+            return Decision("collect", reason, "an old graph may be cyclic garbage: ask the collector")
         if s.collected == "refused":
             return Decision("nothing", reason, "declined: no collection of the young generations fits now", "collector")
         if s.collected == "garbage":
             return Decision("nothing", reason, "cyclic garbage: the collector freed it, or is yet to run")
-    if not s.hunting and reason in ("old", "retry") and s.known:
-        if s.read is None:
-            return Decision("read", reason, "holders found before may keep the old graphs: read them by name")
-        if s.read:
-            return Decision("nothing", reason, "the holders found before keep every old graph (acted on by name)")
     return Decision("search", reason, "a signal asked and the budget allows it")
 
 

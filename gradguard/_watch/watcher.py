@@ -295,21 +295,24 @@ class Watcher:
         )
         decision = schedule.decide(signals)
         self._governor.signals += _clock() - start
-        if decision.action == "collect":
-            garbage = state.collector.garbage(lambda: ledger.oldest_alive(through), boundary)
-            collected: Collected = "refused" if garbage is None else "garbage" if garbage else "survived"
-            decision = schedule.decide(signals := signals._replace(collected=collected))
-        if decision.action == "search" and decision.reason != "start" or decision.action == "read":
-            sources, optimizers = self._judging(state, source, optimizers)
-        else:
-            sources = (source,)
-        if decision.action == "read":
-            refill = decision.reason is None  # the holders repaired before, which fill again
-            accounted = self._auditor.revisit(state, boundary, sources, optimizers, mode, only_refill=refill)
-            self._records.measure_repairs(state)
-            decision = schedule.decide(signals._replace(read=refill or accounted))
+        judging = None  # the sources and optimizers a read or a search judges by (see _judging)
+        while decision.action in ("collect", "read"):  # questions: answered here, then asked again
+            if decision.action == "collect":
+                garbage = state.collector.garbage(lambda: ledger.oldest_alive(through), boundary)
+                collected: Collected = "refused" if garbage is None else "garbage" if garbage else "survived"
+                signals = signals._replace(collected=collected)
+            else:
+                judging = judging or self._judging(state, source, optimizers)
+                refill = decision.reason is None  # the holders repaired before, which fill again
+                accounted = self._auditor.revisit(state, boundary, *judging, mode, only_refill=refill)
+                self._records.measure_repairs(state)
+                signals = signals._replace(read=refill or accounted)
+            decision = schedule.decide(signals)
         if decision.action != "search":
             return None
+        sources: tuple[Hashable, ...] = (source,)
+        if decision.reason != "start":
+            sources, optimizers = judging or self._judging(state, source, optimizers)
         reason = decision.reason
         assert reason is not None  # a search always serves a reason
         return self._run_audit(state, boundary, reason, sources, optimizers, mode)

@@ -451,6 +451,7 @@ def test_off_reads_nothing(figure: FakeReader) -> None:
 def test_the_share_is_all_of_the_watchers_own_time(monkeypatch: pytest.MonkeyPatch, figure: FakeReader) -> None:
     clock = [0.0]
     monkeypatch.setattr(_watch, "_clock", lambda: clock[0])
+    monkeypatch.setattr(_watch, "work_clock", lambda: clock[0])
     watcher = gradguard.Watcher(every=1, mode="raise", ignore=elsewhere)
     x = torch.ones(2, requires_grad=True)
     for _ in range(3):
