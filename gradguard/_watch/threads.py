@@ -3,9 +3,10 @@
 Each thread that steps an optimizer has its own boundaries, so its own state. Every backward stamps
 its roots (one shared stamp per epoch: see :mod:`gradguard._graph.stamps`) in the ledger of the
 thread whose boundaries age it: its own, once it stepped; before that, the thread's that stepped last
-(a backward run in a worker thread feeds the optimizer of the thread that steps). On a share of the
-wall time, the nodes nearest below the roots are stamped too (a record a program keeps is often a model
-output or a log-probability a few nodes below the loss). Every graph an audit sees is *armed*: a hook
+(a backward run in a worker thread feeds the optimizer of the thread that steps). The node right below
+each root is stamped at every backward (a loss scaled or divided before it), and on a share of the wall
+time the nodes nearest below the roots (a record a program keeps is often a model output or a
+log-probability a few nodes below the loss). Every graph an audit sees is *armed*: a hook
 on its node moves its stamp to the current epoch's *used* one when a later backward runs through it,
 so a graph in use is never a leak.
 """
@@ -130,8 +131,8 @@ def stamp_backward(
     unless ``nested`` (started inside another backward of the thread), stamped with a stamp of its own;
     every root is stamped (one stamped before moves to now: its graph is in use again), charged to
     ``governor.stamping`` from ``start`` (the caller's clock reading when the backward reached it; now by
-    default); when due (see :data:`DEEP_SHARE`), the nodes nearest below the new ones too (the whole graph
-    when ``whole_graph``: with ``every=N``), charged to ``governor.below``."""
+    default); the node right below each new one, and when due (see :data:`DEEP_SHARE`) the nodes nearest
+    below them (the whole graph when ``whole_graph``: with ``every=N``), charged to ``governor.below``."""
     if start is None:
         start = _clock()
     epoch = state.clock.boundaries
@@ -149,6 +150,10 @@ def stamp_backward(
     elif now >= state.deep.next:
         _stamp_below(new, state.ledger, epoch, DEEP_NODES)
     else:
+        # The node right below each root, at every backward: what a program keeps is often the loss it
+        # scaled or divided before the backward (an AMP scaler, gradient accumulation).
+        _stamp_below(new, state.ledger, epoch, len(new))
+        governor.below += _clock() - now
         return
     end = _clock()
     state.deep.ran(now, end)

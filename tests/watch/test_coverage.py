@@ -82,6 +82,27 @@ def test_a_kept_loss_whose_backward_runs_in_a_worker_thread_is_reported() -> Non
     assert found is not None and found <= 33
 
 
+@pytest.mark.parametrize("scale", ["multiplied", "divided"])
+def test_a_kept_loss_whose_backward_starts_from_a_scaled_one_is_reported_in_time(scale: str) -> None:
+    # An AMP scaler's (loss * scale).backward(), gradient accumulation's (loss / n).backward(): the kept loss
+    # is the node right below the backward's root, which was stamped only when the rationed stamps below the
+    # roots were due (a GradScaler's leak was reported 16 to 20 steps after it started).
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with gradguard.watch(mode="raise", ignore=elsewhere):
+
+        def step(i: int) -> None:
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            (loss * 1024.0 if scale == "multiplied" else loss / 4).backward()
+            if i >= 30:
+                KEPT.append(loss)
+            opt.step()
+            opt.zero_grad()
+
+        found = _raised_at(60, step)
+    assert found is not None and found <= 32
+
+
 def test_an_autograd_engine_bound_before_the_watch_is_named_in_the_summary() -> None:
     run = _script(
         """
