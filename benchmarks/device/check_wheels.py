@@ -30,13 +30,24 @@ def _sha256(path: Path) -> str:
 
 
 def tree_files(repo: Path = REPO) -> dict[str, bytes]:
-    """The working tree's package files that a wheel of it holds (``.py`` and ``py.typed``)."""
+    """The working tree's package files that a wheel of it holds: ``.py`` files, and the package data
+    ``pyproject.toml`` names (``[tool.setuptools.package-data]``: ``py.typed``, the page's templates)."""
+    data = {path for pattern in _package_data(repo) for path in repo.glob(pattern)}
     files = {}
     for package in PACKAGES:
         for path in sorted((repo / package).rglob("*")):
-            if path.is_file() and (path.suffix == ".py" or path.name == "py.typed") and "__pycache__" not in path.parts:
+            if path.is_file() and (path.suffix == ".py" or path in data) and "__pycache__" not in path.parts:
                 files[path.relative_to(repo).as_posix()] = path.read_bytes()
     return files
+
+
+def _package_data(repo: Path) -> list[str]:
+    """The package data's patterns, relative to the repository."""
+    import tomllib  # Python 3.11: this script runs on the device image's 3.12 and in CI's 3.11
+
+    config = tomllib.loads((repo / "pyproject.toml").read_text())
+    data = config.get("tool", {}).get("setuptools", {}).get("package-data", {})
+    return [f"{package.replace('.', '/')}/{pattern}" for package, patterns in data.items() for pattern in patterns]
 
 
 def wheel_files(wheel: Path) -> dict[str, bytes]:

@@ -237,6 +237,14 @@ def _fake_wheels(folder: Path, tree_edit: dict[str, bytes] | None = None) -> Pat
     return folder
 
 
+def test_the_tree_holds_the_package_data_a_wheel_of_it_carries() -> None:
+    # The run page's template is package data: the check compared .py files only and called every fresh
+    # wheel stale, so CI's fetch of the wheels failed.
+    files = check_wheels.tree_files()
+    assert "gradguard/_tools/page/templates/page.html.j2" in files and "gradguard/py.typed" in files
+    assert "gradguard/_launch/bootstrap/sitecustomize.py" in files
+
+
 def test_check_wheels_accepts_a_fresh_set(tmp_path: Path) -> None:
     findings = check_wheels.check(_fake_wheels(tmp_path / "w"))
     assert all(ok for ok, _ in findings), findings
