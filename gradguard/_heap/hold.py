@@ -43,7 +43,8 @@ class SearchLock:
         self._depth = 0
         self._interval = 0.0
         self._waits = threading.local()
-        self._gate = threading.Condition(threading.Lock())
+        # Re-entrant: an idle look runs in a signal handler of the main thread, which may hold the gate then.
+        self._gate = threading.Condition(threading.RLock())
         self._pending = 0  # searches waiting or running (written under the gate)
         self._running: dict[int, int] = {}  # the threads running a backward (each writes its own key only)
         self.cwd = ""
