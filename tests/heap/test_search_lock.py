@@ -4,12 +4,14 @@ may be corrupted), and the switch interval is put back exactly as it was."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -84,46 +86,40 @@ def test_the_switch_interval_is_put_back_after_nested_holds() -> None:
         sys.setswitchinterval(before)
 
 
-def test_a_search_lock_held_elsewhere_is_not_taken_without_waiting() -> None:
-    lock = SearchLock()
-    taken = threading.Event()
-    release = threading.Event()
+@contextlib.contextmanager
+def _held_elsewhere(lock: SearchLock, seconds: float = 30) -> Iterator[None]:
+    """``lock`` held by another thread for ``seconds`` (or until the block ends) while the block runs."""
+    taken, release = threading.Event(), threading.Event()
 
     def hold() -> None:
         with lock:
             taken.set()
-            release.wait(30)
+            release.wait(seconds)
 
     holder = threading.Thread(target=hold)
     holder.start()
     try:
         assert taken.wait(30)
-        assert not lock.acquire(blocking=False)
-        assert lock.locked() and not lock.owned()
+        yield
     finally:
         release.set()
         holder.join()
 
 
+def test_a_search_lock_held_elsewhere_is_not_taken_without_waiting() -> None:
+    lock = SearchLock()
+    with _held_elsewhere(lock):
+        assert not lock.acquire(blocking=False)
+        assert lock.locked() and not lock.owned()
+
+
 def test_the_wait_for_another_threads_search_is_not_the_waiters_work() -> None:
     # Both threads charged the one search: the waiter's audit took the other's search as its own cost.
-    taken = threading.Event()
-
-    def hold() -> None:
-        with search_lock:
-            taken.set()
-            time.sleep(0.5)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert taken.wait(30)
+    with _held_elsewhere(search_lock, seconds=0.5):
         wall, work = time.perf_counter(), work_clock()
         with search_lock:
             pass
         wall, work = time.perf_counter() - wall, work_clock() - work
-    finally:
-        holder.join()
     assert wall > 0.3 and work < 0.1, (wall, work)
 
 

@@ -65,20 +65,27 @@ def _script(code: str, *args: str) -> subprocess.CompletedProcess[str]:
 # --------------------------------------------------------------------------------------------------
 
 
-def test_a_kept_loss_whose_backward_runs_in_a_worker_thread_is_reported() -> None:
+def _kept_from_30(backward: Any) -> int | None:
+    """The step that raised, when each step's loss is kept from step 30 on and ``backward(loss)`` runs its
+    backward."""
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with ThreadPoolExecutor(1) as pool, gradguard.watch(mode="raise", ignore=elsewhere):
+    with gradguard.watch(mode="raise", ignore=elsewhere):
 
         def step(i: int) -> None:
             loss = model(torch.randn(4, 8)).pow(2).mean()
-            pool.submit(loss.backward).result()
+            backward(loss)
             if i >= 30:
                 KEPT.append(loss)
             opt.step()
             opt.zero_grad()
 
-        found = _raised_at(60, step)
+        return _raised_at(60, step)
+
+
+def test_a_kept_loss_whose_backward_runs_in_a_worker_thread_is_reported() -> None:
+    with ThreadPoolExecutor(1) as pool:
+        found = _kept_from_30(lambda loss: pool.submit(loss.backward).result())
     assert found is not None and found <= 33
 
 
@@ -87,19 +94,7 @@ def test_a_kept_loss_whose_backward_starts_from_a_scaled_one_is_reported_in_time
     # An AMP scaler's (loss * scale).backward(), gradient accumulation's (loss / n).backward(): the kept loss
     # is the node right below the backward's root, which was stamped only when the rationed stamps below the
     # roots were due (a GradScaler's leak was reported 16 to 20 steps after it started).
-    model = _mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with gradguard.watch(mode="raise", ignore=elsewhere):
-
-        def step(i: int) -> None:
-            loss = model(torch.randn(4, 8)).pow(2).mean()
-            (loss * 1024.0 if scale == "multiplied" else loss / 4).backward()
-            if i >= 30:
-                KEPT.append(loss)
-            opt.step()
-            opt.zero_grad()
-
-        found = _raised_at(60, step)
+    found = _kept_from_30(lambda loss: (loss * 1024.0 if scale == "multiplied" else loss / 4).backward())
     assert found is not None and found <= 32
 
 
