@@ -65,6 +65,19 @@ def lineno() -> int:
     return sys._getframe(1).f_lineno
 
 
+def watch_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The watch's clocks (its boundaries' times, and what its work costs) replaced by one the test advances:
+    ``clock[0]`` seconds. Work then costs nothing unless the test moves the clock while it runs."""
+    from gradguard._watch import auditing, threads, watcher
+
+    clock = [0.0]
+    for module in (watcher, threads):
+        monkeypatch.setattr(module, "_clock", lambda: clock[0])
+    for module in (watcher, auditing):
+        monkeypatch.setattr(module, "work_clock", lambda: clock[0])
+    return clock
+
+
 def env(**changes: str | None) -> dict[str, str]:
     """``os.environ`` for a child process, without ``GRADGUARD``, with ``changes`` (``None`` removes a name)."""
     result = {k: v for k, v in os.environ.items() if k != "GRADGUARD"}

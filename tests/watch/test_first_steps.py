@@ -16,12 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from _helpers import env
+from _helpers import env, watch_clock
 from torch import nn
 
 import gradguard
-from gradguard._watch import threads as _threads
-from gradguard._watch import watcher as _watcher
 from gradguard._watch.governor import Governor
 
 TRAINER = textwrap.dedent(
@@ -153,9 +151,7 @@ def _steps_held(total: torch.Tensor) -> int:
 def test_detach_keeps_a_leak_the_program_keeps_filling_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Once reported, the holder is read again by name at every boundary its share affords (a clock that
     moves only between steps: every one here), and repaired whenever what it took lived through two."""
-    clock = [0.0]
-    for module in (_watcher, _threads):
-        monkeypatch.setattr(module, "_clock", lambda: clock[0])
+    clock = watch_clock(monkeypatch)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -184,9 +180,7 @@ def test_detach_bounds_a_leak_on_steps_too_short_for_the_revisit_share(monkeypat
     """A step far shorter than a read of the holder: the share never affords the full read. The holder
     repaired before is still read at every boundary while it keeps filling (its newest records), so
     only the current step's forward keeps its graph; the gradients are those of the unwatched run."""
-    clock = [0.0]
-    for module in (_watcher, _threads):
-        monkeypatch.setattr(module, "_clock", lambda: clock[0])
+    clock = watch_clock(monkeypatch)
     monkeypatch.setattr(Governor, "affords", lambda *args, **kwargs: False)  # nothing but the signals' first asks
 
     def run(watched: bool) -> tuple[list[int], list[torch.Tensor]]:

@@ -14,12 +14,10 @@ from typing import Any
 
 import pytest
 import torch
-from _helpers import env
+from _helpers import env, watch_clock
 from torch import nn
 
 import gradguard
-from gradguard._watch import threads as _threads
-from gradguard._watch import watcher as _watcher
 from gradguard._watch.garbage import COLLECT_SHARE, Collector
 from gradguard._watch.governor import Governor
 
@@ -208,10 +206,7 @@ def test_with_the_collector_disabled_its_garbage_costs_no_audit_until_it_runs_an
 def slow_steps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The watch's clock, advanced by the test: steps as long as a GPU's, so the share affords every
     collection (how soon a rationed one runs depends on the machine's speed: not this test's question)."""
-    clock = [0.0]
-    for module in (_watcher, _threads):
-        monkeypatch.setattr(module, "_clock", lambda: clock[0])
-    return clock
+    return watch_clock(monkeypatch)
 
 
 def test_a_graph_held_in_a_program_that_also_makes_cyclic_garbage_is_still_reported(slow_steps: list[float]) -> None:

@@ -469,7 +469,7 @@ def test_a_costly_first_search_and_a_spent_collector_do_not_starve_the_clock(mon
     from gradguard._watch import auditing, garbage
 
     search = auditing.Auditor._search_micro
-    clock = auditing._clock
+    work = auditing.work_clock
     late = [0.0]
 
     def slow_search(self: Any, *args: Any) -> bool:
@@ -480,7 +480,7 @@ def test_a_costly_first_search_and_a_spent_collector_do_not_starve_the_clock(mon
     def spent(self: Any, oldest: Callable[[], int | None], boundary: int) -> bool | None:
         return None  # no collection affordable
 
-    monkeypatch.setattr(auditing, "_clock", lambda: clock() + late[0])
+    monkeypatch.setattr(auditing, "work_clock", lambda: work() + late[0])
     monkeypatch.setattr(auditing.Auditor, "_search_micro", slow_search)
     monkeypatch.setattr(garbage.Collector, "garbage", spent)
     engine = Engine(_model())

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from _helpers import watch_clock
 from _tables import flat
 from torch import nn
 
@@ -297,10 +298,7 @@ def elsewhere(entry: gradguard.Retention) -> bool:
 @pytest.fixture
 def slow_steps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The watch's clock, advanced by the test: steps as long as a GPU's, so every budget affords its work."""
-    clock = [0.0]
-    for module in (_watch, _threads):
-        monkeypatch.setattr(module, "_clock", lambda: clock[0])
-    return clock
+    return watch_clock(monkeypatch)
 
 
 def _train(keep: Any, start: int, steps: int = 60, clock: list[float] | None = None) -> int | None:
