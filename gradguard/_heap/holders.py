@@ -18,6 +18,7 @@ import collections
 import gc
 import os
 import sys
+import threading
 import types
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -31,7 +32,7 @@ from .installed import library_of_module
 from .paths import Path, is_a, module_dict, tensor_grad
 from .roots import NamedRoot, live_roots
 
-__all__ = ["find_paths", "other_threads_locals", "own_code", "running_thread"]
+__all__ = ["find_paths", "other_threads_locals", "own_code", "running_thread", "thread_frames"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(sys.modules[__name__.partition(".")[0]].__file__ or "")) + os.sep
 _REVERSE_LEVELS = 32  # past this many levels up, one forward sweep from the roots finds the rest (see _Search.run)
@@ -78,34 +79,32 @@ def other_threads_locals() -> set[int]:
     """ids of what the function frames on the other threads' stacks hold in their locals, and of the items
     of the lists, tuples and dicts among them: what a thread in the middle of its step holds for now
     (module and class bodies aside: their locals are a namespace that outlives any step)."""
-    me = sys._getframe()
     ids: set[int] = set()
-    tops = [top for top in sys._current_frames().values() if top is not me]
-    frame: types.FrameType | None = None
-    for frame in tops:
-        while frame is not None:
-            if frame.f_code.co_flags & _CO_OPTIMIZED and not own_code(frame.f_code):
-                for _, value in frame_locals(frame) or ():
-                    ids.add(id(value))
-                    if type(value) in (list, tuple):
-                        ids.update(map(id, value))
-                    elif type(value) is dict:
-                        ids.update(map(id, list(value.values())))
-            frame = frame.f_back
-    tops.clear()
-    frame = me = None  # type: ignore[assignment]  # no frame of a stack is left held by this one
+    for frame in thread_frames(others=True):
+        if frame.f_code.co_flags & _CO_OPTIMIZED:
+            for _, value in frame_locals(frame) or ():
+                ids.add(id(value))
+                if type(value) in (list, tuple):
+                    ids.update(map(id, value))
+                elif type(value) is dict:
+                    ids.update(map(id, list(value.values())))
     return ids
 
 
-def _thread_frames() -> list[types.FrameType]:
-    """Every frame of every thread, innermost first, gradguard's own excluded.
+def thread_frames(*, others: bool = False) -> list[types.FrameType]:
+    """Every frame of every thread (``others``: of every thread but the calling one), innermost first,
+    gradguard's own excluded.
 
     Nothing here outlives the call: the stack tops include this function's own frame, and a local
     left pointing at it would be a cycle (the frame holds the local), keeping the frames and what
     they hold alive until the cycle collector runs; 3.12 keeps such a frame where 3.11 freed it.
     """
     found: list[types.FrameType] = []
-    tops = list(sys._current_frames().values())
+    current = sys._current_frames()
+    if others:
+        del current[threading.get_ident()]
+    tops = list(current.values())
+    current.clear()
     frame: types.FrameType | None = None
     for frame in tops:
         while frame is not None:
@@ -199,7 +198,7 @@ class _Search:
         for obj, root in self.live_named:
             self.named_by_id[id(obj)] = root
             self.excluded.add(id(root))
-        for frame in _thread_frames():
+        for frame in thread_frames():
             index = len(self.frames)
             self.frames.append(frame)
             if _FRAMES_TRAVERSE_LOCALS:

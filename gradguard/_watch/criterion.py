@@ -18,8 +18,6 @@ from __future__ import annotations
 import bisect
 import collections
 import sys
-import threading
-import types
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
 
@@ -27,6 +25,7 @@ import torch
 
 from .._graph.liveness import Liveness
 from .._graph.stamps import Ledger, epochs_below
+from .._heap.holders import thread_frames
 from .._heap.paths import Path
 from .audit import Finding
 from .tuning import KEPT_BOUNDARIES as _KEPT
@@ -109,16 +108,7 @@ def ages(tensors: Sequence[torch.Tensor], ledger: Ledger, model: set[Any] | None
 
 def _other_threads_frames() -> set[int]:
     """ids of the frames on every other thread's stack now."""
-    tops = sys._current_frames()
-    del tops[threading.get_ident()]  # this frame, which would then hold itself (and its callers) in a cycle
-    ids: set[int] = set()
-    for top in tops.values():
-        frame: types.FrameType | None = top
-        while frame is not None:
-            ids.add(id(frame))
-            frame = frame.f_back
-    tops.clear()
-    return ids
+    return set(map(id, thread_frames(others=True)))
 
 
 def variable(path: Path) -> bool:
