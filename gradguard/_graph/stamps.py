@@ -34,6 +34,7 @@ __all__ = [
     "micros_below",
     "node_key",
     "oldest_below",
+    "on_leaves",
 ]
 
 _serial = itertools.count(1)
@@ -56,6 +57,18 @@ def node_key(node: Any) -> Key | None:
     except (AttributeError, RuntimeError, TypeError):
         return None
     return None if sequence == _NO_SEQUENCE else sequence
+
+
+def on_leaves(node: Any) -> bool:
+    """Whether every node right below ``node`` is a leaf's ``AccumulateGrad`` (and there is one): a node on
+    parameters alone, such as a tied weight's view, is the model's, made once, not a step's."""
+    below = False
+    for child, _ in node.next_functions:
+        if child is not None:
+            if node_key(child) is not None:
+                return False
+            below = True
+    return below
 
 
 def metadata_of(node: Any) -> dict[Any, Any] | None:
@@ -212,11 +225,13 @@ class Ledger:
                     opened.append(entry)
             self._compact_at = 2 * len(opened) + _COMPACT
 
-    def stamp_roots(self, roots: Iterable[Any], epoch: int, micro: int = 0) -> list[Any]:
+    def stamp_roots(self, roots: Iterable[Any], epoch: int, micro: int = 0, below: bool = False) -> list[Any]:
         """A backward from ``roots`` (tensors, gradient edges or nodes) starts at ``epoch``; ``micro`` is its
         number (0: a nested backward, stamped with the one it runs in): a root's node with no stamp gets
         the backward's, one stamped at an earlier epoch gets the epoch's *used* one (its graph is in use
-        again). Returns the nodes stamped for the first time."""
+        again). ``below``: the nodes right below each root stamped for the first time get the backward's
+        stamp too, unless they have one or are the model's own (:func:`on_leaves`). Returns the roots'
+        nodes stamped for the first time."""
         token = self._current
         if token is None or token.epoch != epoch or (micro and token.micro != micro):
             token = self._current = self._token(epoch, FRESH, index=False, micro=micro)
@@ -240,7 +255,32 @@ class Ledger:
                 self.used(metadata, found, epoch, node._sequence_nr())
         if new:
             self.placed += len(new)
+            if below:
+                self._stamp_children(new, token)
         return new
+
+    def _stamp_children(self, nodes: list[Any], token: Stamp) -> None:
+        """Put ``token`` in every node right below ``nodes`` that has no stamp of this ledger and is not
+        :func:`on_leaves` (what :meth:`place` with ``current=True`` does, for each, on the hot path)."""
+        key = self.key
+        placed = 0
+        for node in nodes:
+            for child, _ in node.next_functions:
+                if child is None:
+                    continue
+                sequence = node_key(child)
+                if sequence is None or on_leaves(child):
+                    continue
+                try:
+                    metadata = child.metadata
+                except (AttributeError, RuntimeError):
+                    continue
+                if type(metadata) is not dict or type(metadata.get(key)) is Stamp:
+                    continue
+                metadata[key] = token
+                token.append(sequence)
+                placed += 1
+        self.placed += placed
 
     def place(self, node: Any, epoch: int, refresh: bool = False, current: bool = False) -> bool:
         """Stamp ``node`` at ``epoch``; ``True`` when a stamp was placed or moved. ``refresh``: a node

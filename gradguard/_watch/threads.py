@@ -21,7 +21,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from .._graph.held import HeldParameters
-from .._graph.stamps import Ledger, Stamp, metadata_of, node_key
+from .._graph.stamps import Ledger, Stamp, metadata_of, node_key, on_leaves
 from .allocated import AllocatedReader
 from .criterion import Clock
 from .garbage import Collector
@@ -129,32 +129,25 @@ def stamp_backward(
 ) -> None:
     """At the start of a backward from ``roots`` (its root tensors, edges or nodes): a micro-batch boundary
     unless ``nested`` (started inside another backward of the thread), stamped with a stamp of its own;
-    every root is stamped (one stamped before moves to now: its graph is in use again), charged to
-    ``governor.stamping`` from ``start`` (the caller's clock reading when the backward reached it; now by
-    default); the node right below each new one, and when due (see :data:`DEEP_SHARE`) the nodes nearest
-    below them (the whole graph when ``whole_graph``: with ``every=N``), charged to ``governor.below``."""
+    every root is stamped (one stamped before moves to now: its graph is in use again), and the node right
+    below each new one, charged to ``governor.stamping`` from ``start`` (the caller's clock reading when
+    the backward reached it; now by default); when due (see :data:`DEEP_SHARE`) the nodes nearest below
+    them instead (the whole graph when ``whole_graph``: with ``every=N``), charged to ``governor.below``."""
     if start is None:
         start = _clock()
     epoch = state.clock.boundaries
     if not nested:
         state.micro += 1
-    new = state.ledger.stamp_roots(roots, epoch, 0 if nested else state.micro)
+    # the start-up check's steps are stamped deep whatever it costs
+    deep = whole_graph or epoch <= STARTUP or start >= state.deep.next
+    new = state.ledger.stamp_roots(roots, epoch, 0 if nested else state.micro, below=not deep)
     state.backwards += 1
     now = _clock()
     governor.stamping += now - start
     governor.backwards += 1
-    if not new:
+    if not new or not deep:
         return
-    if whole_graph or epoch <= STARTUP:  # the start-up check's steps: stamped whatever it costs
-        _stamp_below(new, state.ledger, epoch, None if whole_graph else DEEP_NODES)
-    elif now >= state.deep.next:
-        _stamp_below(new, state.ledger, epoch, DEEP_NODES)
-    else:
-        # The node right below each root, at every backward: what a program keeps is often the loss it
-        # scaled or divided before the backward (an AMP scaler, gradient accumulation).
-        _stamp_below(new, state.ledger, epoch, len(new))
-        governor.below += _clock() - now
-        return
+    _stamp_below(new, state.ledger, epoch, None if whole_graph else DEEP_NODES)
     end = _clock()
     state.deep.ran(now, end)
     governor.below += end - now
@@ -201,9 +194,8 @@ def _stamp_below(roots: Sequence[Any], ledger: Ledger, epoch: int, most: int | N
             if child is None or child in seen or node_key(child) is None:
                 continue
             seen.add(child)
-            below = [grand for grand, _ in child.next_functions if grand is not None]
-            if below and all(node_key(grand) is None for grand in below):
-                continue  # a node on parameters alone (a tied weight's view): the model, made once
+            if on_leaves(child):
+                continue
             ledger.place(child, epoch, current=True)
             placed += 1
             queue.append(child)

@@ -8,7 +8,7 @@ import threading
 
 import torch
 
-from gradguard._graph.stamps import Ledger
+from gradguard._graph.stamps import Ledger, on_leaves
 
 
 def _graph() -> torch.Tensor:
@@ -102,3 +102,35 @@ def test_a_stamp_compares_by_identity_and_lists_its_nodes() -> None:
     assert found is not None and found.epoch == 4 and found.kind == FRESH and not found.used
     assert list(found) == [kept.grad_fn._sequence_nr()]
     assert ledger.keys() == frozenset(found)
+
+
+def test_a_backwards_stamp_reaches_the_nodes_right_below_its_roots_but_not_the_models_own() -> None:
+    ledger = Ledger()
+    w = torch.nn.Parameter(torch.ones(2))
+    x = torch.ones(2, requires_grad=True)
+    product = (x * 3).sum() * w.sum()
+    loss = product + (x * 5).sum()  # AddBackward: below it, a step's MulBackward and a SumBackward
+    scaled, other = (child for child, _ in loss.grad_fn.next_functions)
+    ledger.place(other, 0)  # an audit's stamp at an earlier epoch stays as it is
+    new = ledger.stamp_roots((loss,), 1, micro=1, below=True)
+    assert new == [loss.grad_fn]
+    assert (ledger.epoch(scaled), ledger.epoch(other)) == (1, 0)
+    assert all(ledger.epoch(child) is None for child, _ in scaled.next_functions)  # two down: the deep stamps'
+    fresh = (x * 7).sum() * w.sum()
+    ledger.stamp_roots((fresh,), 2, micro=2, below=True)
+    step_sum, model_sum = (child for child, _ in fresh.grad_fn.next_functions)
+    assert ledger.epoch(step_sum) == 2
+    assert ledger.epoch(model_sum) is None  # on the parameter alone
+    plain = Ledger()
+    plain.stamp_roots((loss,), 1, micro=1)
+    assert plain.epoch(scaled) is None and plain.epoch(other) is None
+
+
+def test_on_leaves_tells_a_node_on_parameters_alone() -> None:
+    w = torch.nn.Parameter(torch.ones(2))
+    x = torch.ones(2, requires_grad=True)
+    assert on_leaves(w.t().grad_fn)
+    assert not on_leaves((w * x * 2).grad_fn)  # below it: the product of w and x (a step's node)
+    assert on_leaves((w * x).grad_fn)  # both leaves
+    accumulate = torch.ones(2, requires_grad=True).sum().grad_fn.next_functions[0][0]
+    assert not on_leaves(accumulate)  # nothing below it
