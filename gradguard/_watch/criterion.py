@@ -6,10 +6,10 @@ has *survived* the boundaries of the judging optimizer made since then. A holder
 of its graphs survived two of them, or when it is a sequence (or a dict keyed by step) that holds
 graphs of different steps, one of which survived a boundary: both grow. A holder whose one
 graph survived exactly one boundary (``self.last_loss = loss`` after ``optimizer.step()``), or that is
-bounded by construction (a ``deque(maxlen=...)``), is **bounded**: listed with what it pins, never acted
-on. The rule does not depend on where the assignment sits; plain variables are not listed as bounded
-(``loss = train_step(batch)`` keeps the previous step's loss while the next one runs). Which optimizers'
-boundaries count, other threads' frames, and graphs old only through another holder:
+bounded by construction (a ``deque`` whose ``maxlen`` is at most :data:`CAPPED`), is **bounded**: listed
+with what it pins, never acted on. The rule does not depend on where the assignment sits; plain variables
+are not listed as bounded (``loss = train_step(batch)`` keeps the previous step's loss while the next one
+runs). Which optimizers' boundaries count, other threads' frames, and graphs old only through another holder:
 ``docs/guide/finding-leaks.md``.
 """
 
@@ -28,6 +28,7 @@ from .._graph.stamps import Ledger, epochs_below
 from .._heap.holders import thread_frames
 from .._heap.paths import Path
 from .audit import Finding
+from .tuning import CAPPED
 from .tuning import KEPT_BOUNDARIES as _KEPT
 
 __all__ = ["Age", "Clock", "Leak", "Verdicts", "ages", "capped", "judge", "store", "variable"]
@@ -224,12 +225,13 @@ def _grows(finding: Finding) -> bool:
 
 
 def capped(finding: Finding) -> bool:
-    """Whether the holder is bounded by construction: a ``deque`` with a ``maxlen`` on the way to its tensors
-    (it keeps the last few records, never more, on either clock)."""
+    """Whether the holder is bounded by construction: a ``deque`` with a ``maxlen`` of at most :data:`CAPPED`
+    on the way to its tensors (it keeps the last few records, never more, on either clock; a longer one
+    grows for as many boundaries as its ``maxlen``, and is judged as any store)."""
     for path in finding.paths:
         for edge in path:
             owner = edge.owner
-            if type(owner) is collections.deque and owner.maxlen is not None:
+            if type(owner) is collections.deque and owner.maxlen is not None and owner.maxlen <= CAPPED:
                 return True
     return False
 

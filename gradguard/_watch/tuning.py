@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "BACKSTOP_SHARE",
+    "CAPPED",
     "COLLECT_SHARE",
     "COSTS_KEPT",
     "CUDA_RESCAN",
@@ -77,6 +78,10 @@ a list's second record asks). The summary says an audit was long ago past as man
 
 STEP_FREE = 1
 """Requests of a step signal served at once while they find nothing new."""
+
+CAPPED = 64
+"""The longest ``deque`` (its ``maxlen``) on a holder's path that makes the holder bounded by construction:
+a longer one grows for that many boundaries, and is judged as any store."""
 
 MEMORY_FIRST = 4
 """Times its threshold the memory figure must grow before its request is served at once."""
@@ -174,6 +179,7 @@ TABLE: dict[str, tuple[float, str]] = {
     "HUNTING_BACKSTOP_SHARE": (HUNTING_BACKSTOP_SHARE, "every=N: torch.func graphs found vs audits; tests"),
     "STARTUP": (STARTUP, "a first-step leak of any shape judged by boundary 3 vs two audits a run"),
     "OLD": (OLD, "the criterion's two boundaries lived through, read in constant time"),
+    "CAPPED": (CAPPED, "a window kept on purpose (32 losses, tests/watch/corpus) vs a deque(maxlen=1000) of graphs"),
     "STEP_FREE": (STEP_FREE, "a signal's first request at once vs storms; benchmarks/watch (storms)"),
     "MEMORY_FIRST": (MEMORY_FIRST, "a big leak seen early vs a replay buffer's audits; benchmarks/trigger"),
     "QUIET": (QUIET, "a later leak not delayed by an early stray request vs storms; benchmarks/watch"),

@@ -462,6 +462,27 @@ def test_a_deque_with_maxlen_is_bounded_on_the_step_clock_too() -> None:
         assert torch.equal(a, b)
 
 
+def test_a_long_deque_of_graphs_is_a_store_that_grows_not_a_bounded_one() -> None:
+    """A ``deque(maxlen=1000)`` of each step's loss keeps a thousand graphs before it stops growing: judged as
+    any store under the defaults (reported by the third boundary, naming the deque), not listed as bounded."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(1)
+    kept: collections.deque[torch.Tensor] = collections.deque(maxlen=1000)
+    reported = None
+    with gradguard.watch(mode="raise", ignore=elsewhere):
+        with pytest.raises(gradguard.GraphRetentionError) as raised:
+            for step in range(1, 31):
+                reported = step
+                loss = model(_batch(g)).pow(2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                kept.append(loss)
+    assert reported is not None and reported <= 3
+    assert "kept[*]" in str(raised.value)
+
+
 def test_a_costly_first_search_and_a_spent_collector_do_not_starve_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a large heap the micro-batch clock's first search can take longer than the program ran so far, and
     its collections their ration: those are the clock's start-up, and the store is still found in the first

@@ -75,6 +75,7 @@ def test_the_shares_and_counts_the_docs_state_are_the_modules() -> None:
     assert f"read within {_percent(tuning.READ_SHARE)} of the wall time" in guide
     assert f"within {_percent(tuning.SHARE)} of the wall time" in guide
     assert f"within {_percent(tuning.SHARE)} of the wall time" in _flat("README.md")
+    assert f"a `deque` whose `maxlen` is at most {tuning.CAPPED}" in _flat("docs/limits.md")
     assert tuning.HUNTING_BACKSTOP_SHARE == 0.1 and "within a tenth of the wall time (hunting)" in " ".join(
         (ROOT / "gradguard" / "_watch" / "watcher.py").read_text().split()
     )
