@@ -147,7 +147,9 @@ class _Search:
         self.heap_held = 0  # bitmask of the targets a named root or a module global (not only a frame local) reaches
         self.swept_chains: dict[int, list[Any]] = {}  # target index -> chain, from the downward sweep
         self.live_named: list[tuple[Any, NamedRoot]] = []  # the named roots of this search, held while it runs
+        self.climbed: set[int] = set()  # ids of the objects whose referrers were asked for
         for name in (
+            "climbed",
             "objects",
             "children",
             "parents",
@@ -172,7 +174,7 @@ class _Search:
                 container.clear()
         self.kept_alive.clear()
         tables = (self.objects, self.local_names, self.local_value, self.frames, self.module_of_dict, self.targets)
-        for table in (*tables, self.root_kind, self.swept_chains, self.named_by_id):
+        for table in (*tables, self.root_kind, self.swept_chains, self.named_by_id, self.climbed):
             table.clear()
 
     def own_container(self, container: Any) -> Any:
@@ -282,8 +284,10 @@ class _Search:
         """One level up: link every referrer of ``frontier``; the new objects worth climbing from."""
         frontier_ids = {id(o) for o in frontier}
         self.own_container(frontier_ids)
+        self.climbed |= frontier_ids
         found = self.own_container(self.referrers(frontier, frontier_ids))
-        met = self.own_container([])  # referrers met for the first time
+        met = self.own_container([])  # referrers to climb from next: met for the first time, or led further
+        queued: set[int] = self.own_container(set())
         for r in found:
             rid = id(r)
             if rid in self.own_ids or rid in self.excluded:
@@ -297,10 +301,15 @@ class _Search:
             if rid not in self.objects:
                 self.kept_alive.append(r)
                 self.add_object(r, 0)
-                met.append(r)
+            before = self.leads_to[rid]
             for child in held:
                 self.link(rid, child)
                 self.propagate_up(rid, self.leads_to[child])
+            # Met before and not climbed then (what it led to was held already), it leads to more targets now: a
+            # list met from its newest record, which a global also holds, and reached from the older ones later.
+            if rid not in self.climbed and rid not in queued and (not before or self.leads_to[rid] & ~before):
+                queued.add(rid)
+                met.append(r)
         unheld = ~self.heap_held
         return self.own_container(
             [r for r in met if self.root_kind.get(id(r)) not in _HEAP_ROOTS and self.leads_to[id(r)] & unheld]

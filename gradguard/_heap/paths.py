@@ -29,6 +29,7 @@ __all__ = [
     "Path",
     "frame_where",
     "class_dict",
+    "container",
     "holder_key",
     "instance_dict",
     "is_a",
@@ -224,6 +225,23 @@ def read(edge: Edge) -> Any:
     if kind == "grad":
         return tensor_grad(owner)
     raise LookupError(f"an edge of kind {kind!r} cannot be read back")
+
+
+def container(edge: Edge) -> Any:
+    """The object that refers to what ``edge`` leads to where it is not the edge's owner: a module's globals,
+    an instance's attribute table, a closure's cell; ``None`` where the owner refers to it itself, or the
+    container cannot be read without the program's code."""
+    owner, kind, key = edge.owner, edge.kind, edge.key
+    try:
+        if kind == "global":
+            return module_dict(owner)
+        if kind == "attr":
+            return _attribute_table(owner, key)
+        if kind == "cell":
+            return owner.__closure__[owner.__code__.co_freevars.index(key)]
+    except (LookupError, AttributeError, IndexError, TypeError, ValueError):
+        return None
+    return None
 
 
 def tensor_grad(tensor: Any) -> Any:

@@ -19,7 +19,7 @@ from torch import nn
 
 from .._compat import referrers, untraversable
 from .._heap.ownership import Owner, path_owners
-from .._heap.paths import Edge, Path, is_a, reaches, read, writable, write
+from .._heap.paths import Edge, Path, container, is_a, reaches, read, writable, write
 from .._tree.walk import map_tensors
 
 __all__ = ["Repair", "repair"]
@@ -148,7 +148,11 @@ def _shared(plans: list[tuple[Path, int]]) -> dict[int, str]:
             if id(obj) not in expected:
                 objects.append(obj)
                 expected[id(obj)], users[id(obj)] = set(), []
-            expected[id(obj)].add(id(path[i - 1].owner))
+            above = path[i - 1]
+            expected[id(obj)].add(id(above.owner))
+            inner = container(above)  # a module's globals, an instance's attributes: they refer to it
+            if inner is not None:
+                expected[id(obj)].add(id(inner))
             users[id(obj)].append(n)
     if not objects:
         return {}

@@ -6,8 +6,11 @@ Every audit scans the whole heap of this process, so each test runs few steps of
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import sys
 import threading
+import types
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -597,3 +600,88 @@ def test_gradguard_audit_and_enforce_audit_turn_the_watch_on(monkeypatch: pytest
         assert _enforce.installed() == {}
     with pytest.raises(gradguard.GradGuardError, match=r"audit=-2 is not accepted"):
         gradguard.enforce(audit=-2)
+
+
+_RECORDS_PROGRAM = """
+import dataclasses
+import torch
+from torch import nn
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    step: int
+    loss: torch.Tensor
+
+
+model = nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(0)
+RECORDS = []
+for step in range(1, 7):
+    REPORTED = step
+    loss = model(torch.randn(4, 8, generator=g)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    r = Record(step, loss * 1)
+    RECORDS.append(r)
+"""
+
+
+@contextlib.contextmanager
+def _script(name: str) -> Iterator[types.ModuleType]:
+    """A module to run a script's top level in: its globals are a module's, as a script's are."""
+    program = types.ModuleType(name)
+    sys.modules[name] = program
+    try:
+        yield program
+    finally:
+        del sys.modules[name]
+        vars(program).clear()
+
+
+def _run(program: types.ModuleType, source: str) -> None:
+    exec(compile(source, f"{program.__name__}.py", "exec"), vars(program))
+
+
+def test_records_kept_in_a_list_with_the_newest_also_in_a_global_are_raised() -> None:
+    """A script's ``r = Record(step, loss * 1); RECORDS.append(r)`` each step: a list that grows, whose newest
+    record a module global also holds. Raised by the fourth boundary, naming the list (the search met the
+    list from the newest record first, never climbed it for the older ones, whose attributes had a
+    ``__dict__`` of their own by then: they went unexplained, the list was called bounded)."""
+    with _script("test_watch_records_program") as program:
+        with gradguard.watch(mode="raise", every=1, ignore=elsewhere):
+            with pytest.raises(gradguard.GraphRetentionError) as raised:
+                _run(program, _RECORDS_PROGRAM)
+        assert program.REPORTED <= 4
+        assert f"{program.__name__}:RECORDS[*].loss" in flat(str(raised.value))
+
+
+_TUPLE_PROGRAM = """
+import torch
+from torch import nn
+
+model = nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(0)
+KEPT = ()
+for step in range(5):
+    loss = model(torch.randn(4, 8, generator=g)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    KEPT = KEPT + (loss * 1,)
+"""
+
+
+def test_a_tuple_a_global_holds_is_rebuilt_by_the_repair() -> None:
+    """``KEPT = KEPT + (loss * 1,)`` each step: the repair rebuilds the tuple and writes the global (it was
+    refused as "a tuple also held elsewhere": the module's globals dict, which holds it for the module, was
+    taken for another holder)."""
+    with _script("test_watch_tuple_program") as program:
+        with gradguard.watch(mode="detach", every=1, ignore=elsewhere) as scope:
+            _run(program, _TUPLE_PROGRAM)
+        outcomes = {row.holder.rsplit(":", 1)[-1]: row.outcome for row in scope.watcher.history()}
+        assert outcomes == {"KEPT[*]": "repaired"}
+        assert [t.grad_fn is None for t in program.KEPT] == [True, True, True, True, False]
