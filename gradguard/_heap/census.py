@@ -11,7 +11,7 @@ from torch import nn
 
 from .paths import is_a
 
-__all__ = ["live_graph_tensors", "promotions"]
+__all__ = ["live_graph_tensors", "live_tensors", "promotions"]
 
 
 def live_graph_tensors(
@@ -68,6 +68,16 @@ def promotions() -> tuple[int, int]:
     every object made since is still in one of the two young generations."""
     stats = gc.get_stats()
     return stats[1]["collections"], stats[2]["collections"]
+
+
+def live_tensors() -> list[torch.Tensor]:
+    """Every live tensor of any subclass, parameters included (not the tensors torch traces with), in one
+    ``gc.get_objects()`` pass told apart by exact type in C, as :func:`live_graph_tensors` does."""
+    kinds = frozenset(c for c in _subclasses(torch.Tensor) if not _traced_with(c))
+    objects = gc.get_objects()
+    found = list(itertools.compress(objects, map(kinds.__contains__, map(type, objects))))
+    del objects  # it refers to every object: no search may run while it lives
+    return found
 
 
 def _subclasses(base: type) -> frozenset[type]:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from .._compat import referrers, untraversable
+from .census import live_tensors
 from .describe import describe
 from .frames import frame_locals
 from .installed import library_of_module
@@ -319,12 +320,18 @@ class _Search:
         """The tensors whose ``.grad`` is a target no object refers to: torch holds a gradient for its
         tensor, out of the collector's sight (a ``backward(create_graph=True)`` leaves a graph there).
         One pass over the heap, only when such a target exists; the new objects worth climbing from."""
-        orphans = {id(t) for t in self.targets if not self.parents[id(t)] and t.grad_fn is not None}
+        # A frame's local is a root already: the program's current loss, held by its loop's variable alone, does
+        # not cost a pass over the heap at every audit.
+        orphans = {
+            id(t)
+            for t in self.targets
+            if not self.parents[id(t)] and id(t) not in self.local_names and t.grad_fn is not None
+        }
         if not orphans:
             return []
         met: list[Any] = self.own_container([])
-        for obj in gc.get_objects():
-            if not is_a(obj, torch.Tensor) or id(obj) in self.own_ids or not (obj.is_leaf and obj.requires_grad):
+        for obj in self.own_container(live_tensors()):
+            if id(obj) in self.own_ids or not (obj.is_leaf and obj.requires_grad):
                 continue
             grad = tensor_grad(obj)
             if grad is None or id(grad) not in orphans:

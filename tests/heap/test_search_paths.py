@@ -45,3 +45,28 @@ def test_a_list_met_first_from_a_record_a_global_also_holds_is_climbed_for_the_o
     assert all(path is not None for path in found)
     spelled = [paths.spell(path) for path in found if path is not None]
     assert spelled[:3] == [f"{module.__name__}:RECS[{i}].loss" for i in range(3)]
+
+
+def test_a_target_a_frame_local_holds_costs_no_pass_for_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gradients' pass over the heap (for a graph torch holds as a leaf's ``.grad``, which no object refers
+    to) is made only for targets no referrer and no frame local holds: the program's current loss, held by
+    its loop's variable alone, is found without it (it was one more pass over the heap at every audit)."""
+    passes = []
+    real = holders.live_tensors
+    monkeypatch.setattr(holders, "live_tensors", lambda: passes.append(1) or real())
+    x = torch.ones(2, requires_grad=True)
+    loss = (x * 2).sum()
+    (found,) = holders.find_paths([loss])
+    assert found is not None and paths.spell(found).endswith("loss")
+    assert passes == []
+    p = torch.nn.Parameter(torch.ones(2))
+    with pytest.warns(UserWarning, match="create_graph=True"):
+        (p * p).sum().backward(create_graph=True)  # p.grad keeps a graph: torch holds it, no object refers to it
+    grad = p.grad
+    assert grad is not None and grad.grad_fn is not None
+    del grad
+    targets = [p.grad]
+    (found,) = holders.find_paths(targets, {id(targets)})
+    assert passes == [1]
+    assert found is not None and paths.spell(found).endswith("p.grad")
+    p.grad = None  # the graph on p.grad refers to p: a cycle
