@@ -6,13 +6,14 @@ module share, computed once per run even when pytest-xdist spreads those tests o
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
 import shutil
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,6 +24,7 @@ from filelock import FileLock
 
 __all__ = [
     "assert_detached_from",
+    "script_module",
     "once_per_run",
     "previous_test",
     "require_engine",
@@ -201,3 +203,16 @@ def previous_test() -> str | None:
     and takes more from another worker's queue when it runs out.
     """
     return _started[-2] if len(_started) >= 2 else None
+
+
+@contextlib.contextmanager
+def script_module(name: str) -> Iterator[ModuleType]:
+    """A module registered under ``name`` while the block runs: its globals are a module's, as a script's
+    are (roots of the heap search). Emptied and unregistered afterwards."""
+    program = ModuleType(name)
+    sys.modules[name] = program
+    try:
+        yield program
+    finally:
+        del sys.modules[name]
+        vars(program).clear()

@@ -3,12 +3,12 @@ its way at."""
 
 from __future__ import annotations
 
-import sys
 import types
 from collections.abc import Iterator
 
 import pytest
 import torch
+from _helpers import script_module
 
 from gradguard._heap import holders, paths
 
@@ -20,13 +20,8 @@ class Record:
 
 @pytest.fixture
 def module() -> Iterator[types.ModuleType]:
-    name = "gradguard_test_search_paths_program"
-    program = types.ModuleType(name)
-    sys.modules[name] = program
-    try:
+    with script_module("gradguard_test_search_paths_program") as program:
         yield program
-    finally:
-        del sys.modules[name]
 
 
 def test_a_list_met_first_from_a_record_a_global_also_holds_is_climbed_for_the_older_ones(

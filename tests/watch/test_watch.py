@@ -6,9 +6,7 @@ Every audit scans the whole heap of this process, so each test runs few steps of
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
-import sys
 import threading
 import types
 import weakref
@@ -17,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from _helpers import script_module
 from _tables import flat
 from torch import nn
 from torch.optim.optimizer import _global_optimizer_post_hooks
@@ -629,18 +628,6 @@ for step in range(1, 7):
 """
 
 
-@contextlib.contextmanager
-def _script(name: str) -> Iterator[types.ModuleType]:
-    """A module to run a script's top level in: its globals are a module's, as a script's are."""
-    program = types.ModuleType(name)
-    sys.modules[name] = program
-    try:
-        yield program
-    finally:
-        del sys.modules[name]
-        vars(program).clear()
-
-
 def _run(program: types.ModuleType, source: str) -> None:
     exec(compile(source, f"{program.__name__}.py", "exec"), vars(program))
 
@@ -650,7 +637,7 @@ def test_records_kept_in_a_list_with_the_newest_also_in_a_global_are_raised() ->
     record a module global also holds. Raised by the fourth boundary, naming the list (the search met the
     list from the newest record first, never climbed it for the older ones, whose attributes had a
     ``__dict__`` of their own by then: they went unexplained, the list was called bounded)."""
-    with _script("test_watch_records_program") as program:
+    with script_module("test_watch_records_program") as program:
         with gradguard.watch(mode="raise", every=1, ignore=elsewhere):
             with pytest.raises(gradguard.GraphRetentionError) as raised:
                 _run(program, _RECORDS_PROGRAM)
@@ -679,7 +666,7 @@ def test_a_tuple_a_global_holds_is_rebuilt_by_the_repair() -> None:
     """``KEPT = KEPT + (loss * 1,)`` each step: the repair rebuilds the tuple and writes the global (it was
     refused as "a tuple also held elsewhere": the module's globals dict, which holds it for the module, was
     taken for another holder)."""
-    with _script("test_watch_tuple_program") as program:
+    with script_module("test_watch_tuple_program") as program:
         with gradguard.watch(mode="detach", every=1, ignore=elsewhere) as scope:
             _run(program, _TUPLE_PROGRAM)
         outcomes = {row.holder.rsplit(":", 1)[-1]: row.outcome for row in scope.watcher.history()}
