@@ -3,8 +3,8 @@
 Each thread that steps an optimizer has its own boundaries, so its own state. Every backward stamps
 its roots (one shared stamp per epoch: see :mod:`gradguard._graph.stamps`) in the ledger of the
 thread whose boundaries age it: its own, once it stepped; before that, the thread's that stepped last
-(a backward run in a worker thread feeds the optimizer of the thread that steps). The node right below
-each root is stamped at every backward (a loss scaled or divided before it), and on a share of the wall
+(a backward run in a worker thread feeds the optimizer of the thread that steps). The nodes right below
+each root are stamped at every backward (a loss scaled or divided before it), and on a share of the wall
 time the nodes nearest below the roots (a record a program keeps is often a model output or a
 log-probability a few nodes below the loss). Every graph an audit sees is *armed*: a hook
 on its node moves its stamp to the current epoch's *used* one when a later backward runs through it,
@@ -129,7 +129,7 @@ def stamp_backward(
 ) -> None:
     """At the start of a backward from ``roots`` (its root tensors, edges or nodes): a micro-batch boundary
     unless ``nested`` (started inside another backward of the thread), stamped with a stamp of its own;
-    every root is stamped (one stamped before moves to now: its graph is in use again), and the node right
+    every root is stamped (one stamped before moves to now: its graph is in use again), and the nodes right
     below each new one, charged to ``governor.stamping`` from ``start`` (the caller's clock reading when
     the backward reached it; now by default); when due (see :data:`DEEP_SHARE`) the nodes nearest below
     them instead (the whole graph when ``whole_graph``: with ``every=N``), charged to ``governor.below``."""
