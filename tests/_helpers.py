@@ -24,18 +24,19 @@ from filelock import FileLock
 
 __all__ = [
     "assert_detached_from",
-    "script_module",
-    "once_per_run",
-    "previous_test",
-    "require_engine",
     "clean",
     "env",
     "grad_tensor",
     "graph",
     "lineno",
+    "once_per_run",
     "plain_tensor",
+    "previous_test",
     "record",
+    "require_engine",
+    "script_module",
     "storage_ptr",
+    "watch_clock",
 ]
 
 

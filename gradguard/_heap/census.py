@@ -35,11 +35,7 @@ def live_graph_tensors(
     """
     kinds = _tensor_types()
     optimizer_kinds = _subclasses(torch.optim.Optimizer) if optimizers is not None else frozenset()
-    wanted = kinds | optimizer_kinds
-    objects = gc.get_objects(0) + gc.get_objects(1) if young else gc.get_objects()
-    # One pass in C over every object, told apart by exact type; the few kept are split afterwards.
-    picked = list(itertools.compress(objects, map(wanted.__contains__, map(type, objects))))
-    del objects  # it refers to every object: no search may run while it lives
+    picked = _of_types(kinds | optimizer_kinds, young)  # the few kept are split afterwards
     tensors = picked
     if optimizers is not None:
         optimizers.extend(o for o in picked if type(o) in optimizer_kinds)
@@ -73,8 +69,13 @@ def promotions() -> tuple[int, int]:
 def live_tensors() -> list[torch.Tensor]:
     """Every live tensor of any subclass, parameters included (not the tensors torch traces with), in one
     ``gc.get_objects()`` pass told apart by exact type in C, as :func:`live_graph_tensors` does."""
-    kinds = frozenset(c for c in _subclasses(torch.Tensor) if not _traced_with(c))
-    objects = gc.get_objects()
+    return _of_types(frozenset(c for c in _subclasses(torch.Tensor) if not _traced_with(c)))
+
+
+def _of_types(kinds: frozenset[type], young: bool = False) -> list[Any]:
+    """The collector's objects whose exact type is in ``kinds`` (``young``: of its two young generations
+    only), told apart in one pass in C."""
+    objects = gc.get_objects(0) + gc.get_objects(1) if young else gc.get_objects()
     found = list(itertools.compress(objects, map(kinds.__contains__, map(type, objects))))
     del objects  # it refers to every object: no search may run while it lives
     return found
