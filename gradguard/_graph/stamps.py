@@ -175,32 +175,40 @@ class Ledger:
 
     # --- placing ----------------------------------------------------------------------------------
 
-    def _token(self, epoch: int, kind: int, index: bool = True, micro: int = 0) -> Stamp:
-        """The stamp of ``epoch`` and ``kind``, made when there is none (``index``: findable by them later;
-        a backward's own stamp (``micro``, its number) need not be: :attr:`_current` is)."""
-        ref = self._index.get(epoch * 4 + kind) if index else None
+    def _token(self, epoch: int, kind: int) -> Stamp:
+        """The stamp of ``epoch`` and ``kind``, made when there is none (findable by them later)."""
+        ref = self._index.get(epoch * 4 + kind)
         token = None if ref is None else ref()
         if token is not None:
             return token
         token = Stamp()
-        token.epoch = epoch
-        token.kind = kind
-        token.micro = micro
+        token.epoch, token.kind, token.micro = epoch, kind, 0
+        ref = weakref.ref(token)
+        found = self._index
+        found[epoch * 4 + kind] = ref
+        if len(found) > self._index_at:  # replaced, not mutated: a concurrent lookup sees one or the other
+            self._index = found = {k: r for k, r in list(found.items()) if r() is not None}
+            self._index_at = 2 * len(found) + _COMPACT
+        if kind != EXPLAINED:
+            self._count(epoch, ref)
+        return token
+
+    def _backward_token(self, epoch: int, micro: int) -> Stamp:
+        """A new stamp for the backward number ``micro`` (0: none) at ``epoch``; :attr:`_current` finds it."""
+        token = Stamp()
+        token.epoch, token.kind, token.micro = epoch, FRESH, micro
         ref = weakref.ref(token)
         if micro:
             self._micro.append((micro, ref))
-        if index:
-            found = self._index
-            found[epoch * 4 + kind] = ref
-            if len(found) > self._index_at:  # replaced, not mutated: a concurrent lookup sees one or the other
-                self._index = found = {k: r for k, r in list(found.items()) if r() is not None}
-                self._index_at = 2 * len(found) + _COMPACT
-        if kind == EXPLAINED:
-            return token
+        self._count(epoch, ref)
+        return token
+
+    def _count(self, epoch: int, ref: weakref.ref[Stamp]) -> None:
+        """Put a counted stamp's reference in the books, in epoch order."""
         if epoch <= self.horizon:
             with self._lock:
                 self._settled.append((epoch, ref))
-            return token
+            return
         opened = self._open
         # Without a lock (this runs at backwards, in any thread): appending is atomic, and the thread
         # that reads the books only drops entries from the front or moves live ones to the back.
@@ -212,7 +220,6 @@ class Ledger:
                 while at and opened[at - 1][0] > epoch:
                     at -= 1
                 opened.insert(at, (epoch, ref))
-        return token
 
     def _compact(self) -> None:
         """Forget the dead stamps behind a live one at the front of the books (in the thread that reads
@@ -232,9 +239,10 @@ class Ledger:
         again). ``below``: the nodes right below each root stamped for the first time get the backward's
         stamp too, unless they have one or are the model's own (:func:`on_leaves`). Returns the roots'
         nodes stamped for the first time."""
+        # Every backward of the process comes through here: the common path is kept short.
         token = self._current
         if token is None or token.epoch != epoch or (micro and token.micro != micro):
-            token = self._current = self._token(epoch, FRESH, index=False, micro=micro)
+            token = self._current = self._backward_token(epoch, micro)
         key = self.key
         new = []
         for root in roots:
@@ -253,34 +261,29 @@ class Ledger:
                 new.append(node)
             elif found.epoch < epoch:
                 self.used(metadata, found, epoch, node._sequence_nr())
-        if new:
-            self.placed += len(new)
-            if below:
-                self._stamp_children(new, token)
-        return new
-
-    def _stamp_children(self, nodes: list[Any], token: Stamp) -> None:
-        """Put ``token`` in every node right below ``nodes`` that has no stamp of this ledger and is not
-        :func:`on_leaves` (what :meth:`place` with ``current=True`` does, for each, on the hot path)."""
-        key = self.key
-        placed = 0
-        for node in nodes:
-            for child, _ in node.next_functions:
-                if child is None:
-                    continue
-                sequence = node_key(child)
-                if sequence is None or on_leaves(child):
-                    continue
-                try:
+        if not new:
+            return new
+        placed = len(new)
+        if below:
+            # The nodes right below: what place(child, epoch, current=True) does for each, written out.
+            for node in new:
+                for child, _ in node.next_functions:
+                    if child is None:
+                        continue
+                    try:
+                        sequence = child._sequence_nr()
+                    except (AttributeError, RuntimeError, TypeError):
+                        continue
+                    if sequence == _NO_SEQUENCE or on_leaves(child):
+                        continue
                     metadata = child.metadata
-                except (AttributeError, RuntimeError):
-                    continue
-                if type(metadata) is not dict or type(metadata.get(key)) is Stamp:
-                    continue
-                metadata[key] = token
-                token.append(sequence)
-                placed += 1
+                    if type(metadata) is not dict or type(metadata.get(key)) is Stamp:
+                        continue
+                    metadata[key] = token
+                    token.append(sequence)
+                    placed += 1
         self.placed += placed
+        return new
 
     def place(self, node: Any, epoch: int, refresh: bool = False, current: bool = False) -> bool:
         """Stamp ``node`` at ``epoch``; ``True`` when a stamp was placed or moved. ``refresh``: a node

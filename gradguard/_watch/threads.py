@@ -119,38 +119,33 @@ class ThreadState:
 
 
 def stamp_backward(
-    state: ThreadState,
-    roots: Sequence[Any],
-    governor: Governor,
-    *,
-    whole_graph: bool,
-    start: float | None = None,
-    nested: bool = False,
-) -> None:
-    """At the start of a backward from ``roots`` (its root tensors, edges or nodes): a micro-batch boundary
-    unless ``nested`` (started inside another backward of the thread), stamped with a stamp of its own;
-    every root is stamped (one stamped before moves to now: its graph is in use again), and the nodes right
-    below each new one, charged to ``governor.stamping`` from ``start`` (the caller's clock reading when
-    the backward reached it; now by default); when due (see :data:`DEEP_SHARE`) the nodes nearest below
-    them instead (the whole graph when ``whole_graph``: with ``every=N``), charged to ``governor.below``."""
-    if start is None:
-        start = _clock()
+    state: ThreadState, roots: Sequence[Any], governor: Governor, whole_graph: bool, start: float, nested: bool = False
+) -> float:
+    """At the start of a backward from ``roots`` (its root tensors, edges or nodes), which reached the watch
+    at ``start`` (the clock's reading): a micro-batch boundary unless ``nested`` (started inside another
+    backward of the thread), stamped with a stamp of its own; every root is stamped (one stamped before
+    moves to now: its graph is in use again), and the nodes right below each new one; when due (see
+    :data:`DEEP_SHARE`) the nodes nearest below them instead (the whole graph when ``whole_graph``: with
+    ``every=N``). Returns the seconds the nodes below took, charged to ``governor.below`` (the caller
+    charges the rest of its time to ``governor.stamping``)."""
     epoch = state.clock.boundaries
-    if not nested:
-        state.micro += 1
+    if nested:
+        micro = 0
+    else:
+        micro = state.micro = state.micro + 1
     # the start-up check's steps are stamped deep whatever it costs
     deep = whole_graph or epoch <= STARTUP or start >= state.deep.next
-    new = state.ledger.stamp_roots(roots, epoch, 0 if nested else state.micro, below=not deep)
+    new = state.ledger.stamp_roots(roots, epoch, micro, not deep)
     state.backwards += 1
-    now = _clock()
-    governor.stamping += now - start
     governor.backwards += 1
     if not new or not deep:
-        return
+        return 0.0
+    now = _clock()
     _stamp_below(new, state.ledger, epoch, None if whole_graph else DEEP_NODES)
     end = _clock()
     state.deep.ran(now, end)
     governor.below += end - now
+    return end - now
 
 
 def arm(state: ThreadState, node: Any, boundary: int) -> bool:

@@ -133,7 +133,10 @@ class Timeline:
     def _fold(self, series: _Series) -> None:
         raw, stride = series.raw, series.stride
         full = len(raw) - len(raw) % stride
-        series.buckets.extend(_bucket(raw[i : i + stride]) for i in range(0, full, stride))
+        if stride == 1:  # a point per bucket (a run's first boundaries): no extremes to find
+            series.buckets.extend([p[0], p[1], p[4], p[2], p[2], p[3], p[3], 1] for p in raw)
+        else:
+            series.buckets.extend(_bucket(raw[i : i + stride]) for i in range(0, full, stride))
         del raw[:full]
         while len(series.buckets) > self.most - self._buffer:
             series.buckets = _pairs(series.buckets)

@@ -43,6 +43,7 @@ __all__ = ["STORE", "Every", "HolderHistory", "Watcher"]
 
 _clock = time.perf_counter
 _sequence_nr = torch.autograd._get_sequence_nr
+_ident = threading.get_ident
 
 
 class Watcher:
@@ -153,28 +154,45 @@ class Watcher:
         else:
             if not state.clock.boundaries and self._primary is not None:
                 state = self._primary  # a thread that never stepped feeds the optimizer of one that does
-        stamp_backward(state, roots, self._governor, whole_graph=self.every != "auto", start=start, nested=nested)
-        if nested or state.owner != threading.get_ident():
-            return None  # a backward in a worker thread is aged by the boundaries of the thread that steps
-        return lambda: self._micro_boundary(state)
+        governor = self._governor
+        below = stamp_backward(state, roots, governor, self.every != "auto", start, nested)
+        after = None
+        if not nested and state.owner == _ident():  # a worker thread's is aged by the boundaries of the one that steps
+            # This backward's micro-batch boundary has nothing to do unless a graph of an earlier backward is
+            # alive now (a dead one never comes back), a holder is followed, or the memory figure is due.
+            reader = state.reader
+            if (
+                state.following
+                or (reader is not None and start >= reader.next_due())
+                or state.ledger.micro_old(state.micro) is not None
+            ):
+                after = lambda: self._micro_boundary(state)  # noqa: E731
+        governor.stamping += _clock() - start - below
+        return after
 
     def _micro_boundary(self, state: ThreadState) -> None:
         """A micro-batch boundary: a backward of the thread of ``state`` returned (see
         :mod:`gradguard._watch.micro`). In ``raise`` mode a leak raises here, out of the backward."""
+        # Every backward of the thread comes through here: the common path is kept short.
         start = _clock()
         if state.busy or self._backwards is None:
+            return
+        reader = state.reader  # rationed: most boundaries read nothing, and put no point on the timeline
+        due = reader is not None and start >= reader.next_due()
+        old = state.following or state.ledger.micro_old(state.micro) is not None
+        if not due and not old:
+            self._governor.signals += _clock() - start  # the common boundary: no graph of an earlier backward
             return
         mode = self.mode or resolve(None)
         if mode == OFF:
             self._governor.signals += _clock() - start
             return
-        reader = state.reader
-        if reader is not None:
-            readings = reader()  # rationed: most boundaries read nothing, and put no point on the timeline
+        if due:
+            readings = reader()  # type: ignore[misc]
             if readings:
                 self._point("micro", state, sum(readings.values()))
-        if state.ledger.micro_old(state.micro) is None and not state.following:
-            self._governor.signals += _clock() - start  # the common boundary: no graph of an earlier backward
+        if not old:
+            self._governor.signals += _clock() - start
             return
         self._governor.start(start)  # the watch's share counts from its first boundary of either clock
         raised: BaseException | None = None

@@ -508,3 +508,35 @@ def test_a_costly_first_search_and_a_spent_collector_do_not_starve_the_clock(mon
     with pytest.raises(gradguard.GraphRetentionError, match=r"self\.output_lst\[\*\]"):
         _train(engine, 2, 12, gradguard.watch(mode="raise", ignore=elsewhere))
     assert engine.at is not None and engine.at[0] == 0
+
+
+def test_a_micro_batch_boundary_runs_only_when_an_earlier_backward_s_graph_is_alive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The backward's listener decides, before the backward runs, whether its boundary has anything to do: a
+    graph of an earlier backward alive then (a dead one never comes back). A clean loop's boundaries do
+    nothing after the backward; one that keeps the last loss gets its boundary after every backward."""
+    from gradguard._watch.watcher import Watcher
+
+    ran: list[int] = []
+    boundary = Watcher._micro_boundary
+
+    def counted(self: Watcher, state: Any) -> None:
+        ran.append(state.micro)
+        boundary(self, state)
+
+    monkeypatch.setattr(Watcher, "_micro_boundary", counted)
+    model = _model()
+    x = torch.randn(4, 8)
+    with gradguard.watch(mode="warn", memory=False), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(4):
+            model(x).pow(2).mean().backward()
+        clean = list(ran)
+        kept = []
+        for _ in range(3):
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            kept.append(loss)
+    assert clean == []
+    assert ran[-2:] == [6, 7]  # the 6th and 7th backwards: the 5th's graph, then the 6th's, kept

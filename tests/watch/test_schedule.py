@@ -351,7 +351,7 @@ def test_every_backward_is_stamped_and_below_its_roots_within_a_share(monkeypatc
     for _ in range(400):
         loss = ((x * 2).exp() * 3).sum()
         placed = state.ledger.placed
-        _threads.stamp_backward(state, (loss,), Governor(), whole_graph=False)
+        _threads.stamp_backward(state, (loss,), Governor(), False, _threads._clock())
         roots.append(state.ledger.placed >= placed + 2)  # the root, and the node right below it
         below.append(state.ledger.placed > placed + 2)
         state.clock.tick(None)
