@@ -276,7 +276,10 @@ class Ledger:
                         continue
                     if sequence == _NO_SEQUENCE or on_leaves(child):
                         continue
-                    metadata = child.metadata
+                    try:
+                        metadata = child.metadata
+                    except (AttributeError, RuntimeError):
+                        continue
                     if type(metadata) is not dict or type(metadata.get(key)) is Stamp:
                         continue
                     metadata[key] = token
