@@ -27,7 +27,7 @@ from .criterion import Clock
 from .garbage import Collector
 from .governor import Governor, Ration
 from .schedule import Schedule
-from .tuning import DEEP_NODES, DEEP_SHARE, PARAMETER_SAMPLE, READ_SHARE, STARTUP
+from .tuning import DEEP_NODES, DEEP_SHARE, PARAMETER_SAMPLE, READ_SHARE
 
 __all__ = ["DEEP_NODES", "DEEP_SHARE", "ParameterCount", "ThreadState", "arm", "stamp_backward"]
 
@@ -133,8 +133,8 @@ def stamp_backward(
         micro = 0
     else:
         micro = state.micro = state.micro + 1
-    # the start-up check's steps are stamped deep whatever it costs
-    deep = whole_graph or epoch <= STARTUP or start >= state.deep.next
+    # the start-up check's steps (after each entry of the watch) are stamped deep whatever it costs
+    deep = whole_graph or epoch <= state.schedule.startup or start >= state.deep.next
     new = state.ledger.stamp_roots(roots, epoch, micro, not deep)
     state.backwards += 1
     governor.backwards += 1

@@ -361,6 +361,39 @@ def test_every_backward_is_stamped_and_below_its_roots_within_a_share(monkeypatc
     assert 0.05 <= sum(below[first:]) / len(below[first:]) <= 0.12, sum(below[first:])
 
 
+def test_the_start_up_check_s_steps_are_stamped_below_their_roots_after_each_entry_of_the_watch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new entry of the watch is a start-up check again (:meth:`Schedule.restart`): the backwards of its
+    steps are stamped below their roots whatever it costs, as the first entry's were."""
+    clock = [0.0]
+
+    def tick() -> float:
+        clock[0] += 0.00001
+        return clock[0]
+
+    monkeypatch.setattr(_threads, "_clock", tick)
+    state = _threads.ThreadState(_fresh())
+    x = torch.ones(2, requires_grad=True)
+
+    def steps(n: int) -> list[bool]:
+        below = []
+        for _ in range(n):
+            loss = ((x * 2).exp() * 3).sum()
+            placed = state.ledger.placed
+            _threads.stamp_backward(state, (loss,), Governor(), False, _threads._clock())
+            below.append(state.ledger.placed > placed + 2)
+            state.schedule.seen = state.clock.tick(None)
+            clock[0] += 0.0005
+        return below
+
+    first = _schedule.STARTUP + 1  # the backwards of the start-up check's steps
+    assert all(steps(first))
+    assert sum(steps(200)) <= 30  # within the share
+    state.schedule.restart()
+    assert all(steps(first))
+
+
 def test_a_backward_in_a_thread_that_never_steps_is_aged_by_the_thread_that_does(figure: FakeReader) -> None:
     """The loss is kept from step 20; its backward runs in a worker thread, the optimizer steps here."""
     from concurrent.futures import ThreadPoolExecutor
