@@ -334,10 +334,9 @@ def test_a_kept_loss_from_a_late_step_is_reported_two_boundaries_after_it_starte
     assert _train(lambda loss, out, model: KEPT.append(loss), start=30, clock=slow_steps) == 32
 
 
-def test_every_backward_is_stamped_and_below_its_roots_within_a_share(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each reading of the clock is 10 us of stamping below the roots, a step 0.5 ms: a 0.2% share affords
-    it one step in ten; every backward's roots and the node right below each are stamped, and the first
-    boundaries stamp further below them too."""
+def _stamping(monkeypatch: pytest.MonkeyPatch) -> tuple[_threads.ThreadState, list[float]]:
+    """A thread's state whose clock advances 10 us at each reading (the stamping's), and that clock (a
+    test adds a step's time to it)."""
     clock = [0.0]
 
     def tick() -> float:
@@ -345,7 +344,14 @@ def test_every_backward_is_stamped_and_below_its_roots_within_a_share(monkeypatc
         return clock[0]
 
     monkeypatch.setattr(_threads, "_clock", tick)
-    state = _threads.ThreadState(_fresh())
+    return _threads.ThreadState(_fresh()), clock
+
+
+def test_every_backward_is_stamped_and_below_its_roots_within_a_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each reading of the clock is 10 us of stamping below the roots, a step 0.5 ms: a 0.2% share affords
+    it one step in ten; every backward's roots and the node right below each are stamped, and the first
+    boundaries stamp further below them too."""
+    state, clock = _stamping(monkeypatch)
     roots, below = [], []
     x = torch.ones(2, requires_grad=True)
     for _ in range(400):
@@ -366,14 +372,7 @@ def test_the_start_up_check_s_steps_are_stamped_below_their_roots_after_each_ent
 ) -> None:
     """A new entry of the watch is a start-up check again (:meth:`Schedule.restart`): the backwards of its
     steps are stamped below their roots whatever it costs, as the first entry's were."""
-    clock = [0.0]
-
-    def tick() -> float:
-        clock[0] += 0.00001
-        return clock[0]
-
-    monkeypatch.setattr(_threads, "_clock", tick)
-    state = _threads.ThreadState(_fresh())
+    state, clock = _stamping(monkeypatch)
     x = torch.ones(2, requires_grad=True)
 
     def steps(n: int) -> list[bool]:
