@@ -27,7 +27,7 @@ from gradguard._policy import table
 from gradguard._tools.bench.machine import measuring
 from gradguard._tools.bench.report import write_json
 
-__all__ = ["main"]
+__all__ = ["main", "portable"]
 
 _HERE = Path(__file__).resolve().parent
 _ROOT = _HERE.parent
@@ -50,6 +50,21 @@ def _run(tree: Path, scratch: Path, out: Path, extra: Sequence[str]) -> dict[str
     subprocess.run(command, cwd=scratch, env=env, check=True, stdout=subprocess.DEVNULL)
     with open(out, encoding="utf-8") as f:
         return json.load(f)
+
+
+def portable(command: str, scratch: Path | None = None) -> str:
+    """``command`` as the committed results say it: ``scratch`` (a run's temporary folder) as ``<scratch>``, a
+    path in this repository relative to it, and any other absolute path as ``<scratch>/`` and its name (the
+    results name no folder of the machine that produced them)."""
+    if scratch is not None:
+        command = command.replace(str(scratch), "<scratch>")
+    words = []
+    for word in command.split(" "):
+        if word.startswith("/"):
+            path = Path(word)
+            word = str(path.relative_to(_ROOT)) if path.is_relative_to(_ROOT) else f"<scratch>/{path.name}"
+        words.append(word)
+    return " ".join(words)
 
 
 def _summary(docs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -97,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for which in order:
                     tree = base if which == "base" else _ROOT
                     doc = _run(tree, scratch, work / f"{which}-{r}.json", args.extra)
+                    doc["settings"]["command"] = portable(doc["settings"]["command"], work)
                     docs[which].append(doc)
                     print(f"round {r + 1}: {which} done", flush=True)
             elapsed = time.perf_counter() - t0
@@ -124,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": facts,
         "machine_line": line,
         "settings": {
-            "command": " ".join(["python -m benchmarks.versus", *(sys.argv[1:] if argv is None else argv)]),
+            "command": portable(" ".join(["python -m benchmarks.versus", *(sys.argv[1:] if argv is None else argv)])),
             "base": rev,
             "head": head,
             "rounds": args.rounds,
