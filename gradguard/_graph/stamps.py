@@ -205,21 +205,22 @@ class Ledger:
 
     def _count(self, epoch: int, ref: weakref.ref[Stamp]) -> None:
         """Put a counted stamp's reference in the books, in epoch order."""
+        entry = (epoch, ref)  # made before any lock: a collection it runs may run a finalizer that backwards
         if epoch <= self.horizon:
             with self._lock:
-                self._settled.append((epoch, ref))
+                self._settled.append(entry)
             return
         opened = self._open
         # Without a lock (this runs at backwards, in any thread): appending is atomic, and the thread
         # that reads the books only drops entries from the front or moves live ones to the back.
         if not opened or opened[-1][0] <= epoch:
-            opened.append((epoch, ref))
+            opened.append(entry)
         else:  # an audit stamps at an earlier epoch: kept in order
             with self._lock:
                 at = len(opened)
                 while at and opened[at - 1][0] > epoch:
                     at -= 1
-                opened.insert(at, (epoch, ref))
+                opened.insert(at, entry)
 
     def _compact(self) -> None:
         """Forget the dead stamps behind a live one at the front of the books (in the thread that reads

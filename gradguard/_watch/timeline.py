@@ -101,6 +101,7 @@ class Timeline:
         self._latest: dict[tuple[str, str], dict[str, Any]] = {}
         self._counts: dict[tuple[str, str], int] = {}
         self._uncounted = 0  # events of (holder, kind) pairs beyond _KEYS
+        self._folding = False
 
     # ------------------------------------------------------------------------------------------ writing
 
@@ -131,17 +132,24 @@ class Timeline:
             self._fold(series)
 
     def _fold(self, series: _Series) -> None:
-        raw, stride = series.raw, series.stride
-        full = len(raw) - len(raw) % stride
-        if stride == 1:  # a point per bucket (a run's first boundaries): no extremes to find
-            series.buckets.extend([p[0], p[1], p[4], p[2], p[2], p[3], p[3], 1] for p in raw)
-        else:
-            series.buckets.extend(_bucket(raw[i : i + stride]) for i in range(0, full, stride))
-        del raw[:full]
-        while len(series.buckets) > self.most - self._buffer:
-            series.buckets = _pairs(series.buckets)
-            series.stride *= 2
-        series.fold_at = max(self._buffer, series.stride)
+        if self._folding:  # a point recorded while folding (a finalizer the fold's allocations ran): the next fold's
+            return
+        self._folding = True
+        try:
+            raw, stride = series.raw, series.stride
+            full = len(raw) - len(raw) % stride
+            points = raw[:full]
+            del raw[:full]
+            if stride == 1:  # a point per bucket (a run's first boundaries): no extremes to find
+                series.buckets.extend([p[0], p[1], p[4], p[2], p[2], p[3], p[3], 1] for p in points)
+            else:
+                series.buckets.extend(_bucket(points[i : i + stride]) for i in range(0, full, stride))
+            while len(series.buckets) > self.most - self._buffer:
+                series.buckets = _pairs(series.buckets)
+                series.stride *= 2
+            series.fold_at = max(self._buffer, series.stride)
+        finally:
+            self._folding = False
 
     def event(
         self, kind: str, holder: str, step: int, micro: int, seconds: float, bytes: int = 0, text: str = ""

@@ -90,7 +90,9 @@ class Watcher:
         self.timeline = Timeline()
         """What each boundary of both clocks read (the memory figure) and the events (audits, each holder's
         leak start, report and repair), bounded: ``gradguard run``'s reports and page, the callbacks' scalars."""
-        self._timeline_lock = threading.Lock()  # the timeline's buffers are folded by one thread at a time
+        # The timeline's buffers are folded by one thread at a time. Re-entrant: a collection inside a fold may
+        # run a finalizer that steps an optimizer in the same thread, a boundary that records its point too.
+        self._timeline_lock = threading.RLock()
         self._started = _clock()
         # The parts it owns call back into it weakly: a watcher nobody holds is freed at once (its backward
         # listener with it), not at the collector's next run, so a dropped one never acts at later backwards.

@@ -4,12 +4,18 @@ back as written, and bad input refused by name."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gradguard._watch.timeline import Timeline
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _memory(timeline: Timeline, clock: str = "micro") -> tuple[list[int], list[int]]:
@@ -149,3 +155,52 @@ def test_bad_arguments_are_refused() -> None:
         Timeline(most=1)
     with pytest.raises(ValueError, match="a timeline is a JSON object, not list"):
         Timeline.from_dict([])  # type: ignore[arg-type]
+
+
+_FINALIZER_IN_A_FOLD = """
+import torch
+import gradguard
+from gradguard._watch.timeline import Timeline
+
+m, m2 = torch.nn.Linear(8, 1), torch.nn.Linear(4, 1)
+opt, opt2 = torch.optim.SGD(m.parameters(), 0.01), torch.optim.SGD(m2.parameters(), 0.01)
+fold, nested = Timeline._fold, [0]
+
+
+def fold_running_a_finalizer(self, series):
+    # What a collection inside the fold does when it frees an object whose __del__ trains a second model.
+    if not nested[0]:
+        nested[0] = 1
+        m2(torch.ones(2, 4)).sum().backward()
+        opt2.step()
+        nested[0] = 0
+    fold(self, series)
+
+
+Timeline._fold = fold_running_a_finalizer
+with gradguard.watch(mode="raise") as scope:
+    for _ in range(1200):
+        m(torch.ones(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+buckets = scope.watcher.timeline.buckets("step")
+print("RESULT", len(buckets), all(a[0] <= b[0] for a, b in zip(buckets, buckets[1:])))
+"""
+
+
+def test_a_finalizer_that_steps_an_optimizer_inside_the_timeline_s_fold_does_not_hang(tmp_path: Path) -> None:
+    """A boundary reached while the timeline folds its buffer, in the same thread (a collection inside the
+    fold ran a finalizer that backwards and steps a second model), records its point without waiting for
+    the lock its own thread holds, and the buckets stay in order."""
+    (tmp_path / "train.py").write_text(_FINALIZER_IN_A_FOLD)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRADGUARD")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    try:
+        run = subprocess.run(
+            [sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the watched program hung: its boundary waited for the timeline's lock its own thread held")
+    assert run.returncode == 0, run.stderr
+    result, buckets, ordered = run.stdout.split()[-3:]
+    assert result == "RESULT" and int(buckets) > 1000 and ordered == "True", run.stdout
