@@ -29,7 +29,7 @@ from .governor import Governor, Ration
 from .schedule import Schedule
 from .tuning import DEEP_NODES, DEEP_SHARE, PARAMETER_SAMPLE, READ_SHARE
 
-__all__ = ["DEEP_NODES", "DEEP_SHARE", "ParameterCount", "ThreadState", "arm", "stamp_backward"]
+__all__ = ["DEEP_NODES", "DEEP_SHARE", "ParameterCount", "ThreadState", "arm", "micro_pending", "stamp_backward"]
 
 
 _clock = time.perf_counter
@@ -116,6 +116,16 @@ class ThreadState:
             if schedule.reader is None
             else AllocatedReader(cpu=schedule.reader.cpu_source or "off", share=READ_SHARE)
         )
+
+
+def micro_pending(state: ThreadState, now: float) -> tuple[bool, bool]:
+    """What the micro-batch boundary of a backward of ``state``'s thread has to do at ``now``: whether its
+    memory reading is due, and whether a graph of an earlier backward is still alive (or a holder is
+    followed by name). Asked when the backward starts (a dead graph never comes back: nothing to do then
+    means nothing to do after it) and again once it returned."""
+    reader = state.reader
+    due = reader is not None and now >= reader.next_due()
+    return due, bool(state.following) or state.ledger.micro_old(state.micro) is not None
 
 
 def stamp_backward(

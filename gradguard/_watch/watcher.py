@@ -35,7 +35,7 @@ from .options import Every, parse_every, parse_memory, parse_optimizers
 from .records import STORE, Records, memory_clause
 from .schedule import Schedule
 from .summary import HolderHistory, WatchFigures, render
-from .threads import ParameterCount, ThreadState, stamp_backward
+from .threads import ParameterCount, ThreadState, micro_pending, stamp_backward
 from .timeline import Timeline
 from .trigger import TriggerSettings
 
@@ -159,38 +159,29 @@ class Watcher:
         governor = self._governor
         below = stamp_backward(state, roots, governor, self.every != "auto", start, nested)
         after = None
-        if not nested and state.owner == _ident():  # a worker thread's is aged by the boundaries of the one that steps
-            # This backward's micro-batch boundary has nothing to do unless a graph of an earlier backward is
-            # alive now (a dead one never comes back), a holder is followed, or the memory figure is due.
-            reader = state.reader
-            if (
-                state.following
-                or (reader is not None and start >= reader.next_due())
-                or state.ledger.micro_old(state.micro) is not None
-            ):
-                after = lambda: self._micro_boundary(state)  # noqa: E731
+        # A worker thread's backward is aged by the boundaries of the thread that steps; this thread's
+        # micro-batch boundary runs after the backward only when it has something to do.
+        if not nested and state.owner == _ident() and any(micro_pending(state, start)):
+            after = lambda: self._micro_boundary(state)  # noqa: E731
         governor.stamping += _clock() - start - below
         return after
 
     def _micro_boundary(self, state: ThreadState) -> None:
         """A micro-batch boundary: a backward of the thread of ``state`` returned (see
         :mod:`gradguard._watch.micro`). In ``raise`` mode a leak raises here, out of the backward."""
-        # Every backward of the thread comes through here: the common path is kept short.
         start = _clock()
         if state.busy or self._backwards is None:
             return
-        reader = state.reader  # rationed: most boundaries read nothing, and put no point on the timeline
-        due = reader is not None and start >= reader.next_due()
-        old = state.following or state.ledger.micro_old(state.micro) is not None
+        due, old = micro_pending(state, start)  # asked again: what the backward found may be gone since
         if not due and not old:
-            self._governor.signals += _clock() - start  # the common boundary: no graph of an earlier backward
+            self._governor.signals += _clock() - start
             return
         mode = self.mode or resolve(None)
         if mode == OFF:
             self._governor.signals += _clock() - start
             return
-        if due:
-            readings = reader()  # type: ignore[misc]
+        if due and state.reader is not None:
+            readings = state.reader()  # rationed: most boundaries read nothing, and put no point on the timeline
             if readings:
                 self._point("micro", state, sum(readings.values()))
         if not old:
