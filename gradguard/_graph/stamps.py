@@ -271,11 +271,8 @@ class Ledger:
                 for child, _ in node.next_functions:
                     if child is None:
                         continue
-                    try:
-                        sequence = child._sequence_nr()
-                    except (AttributeError, RuntimeError, TypeError):
-                        continue
-                    if sequence == _NO_SEQUENCE or on_leaves(child):
+                    sequence = node_key(child)
+                    if sequence is None or on_leaves(child):
                         continue
                     try:
                         metadata = child.metadata

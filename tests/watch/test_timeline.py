@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import env
 
 from gradguard._watch.timeline import Timeline
 
@@ -193,11 +194,15 @@ def test_a_finalizer_that_steps_an_optimizer_inside_the_timeline_s_fold_does_not
     fold ran a finalizer that backwards and steps a second model), records its point without waiting for
     the lock its own thread holds, and the buckets stay in order."""
     (tmp_path / "train.py").write_text(_FINALIZER_IN_A_FOLD)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GRADGUARD")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     try:
         run = subprocess.run(
-            [sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+            [sys.executable, "train.py"],
+            cwd=tmp_path,
+            env=env(PYTHONPATH=path),
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
     except subprocess.TimeoutExpired:
         pytest.fail("the watched program hung: its boundary waited for the timeline's lock its own thread held")
