@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .frames import frame_locals
-from .paths import MODULE_STATE, Edge, Path, class_dict, instance_dict, is_a, read_ref, sequence_items, tensor_grad
+from .paths import MODULE_STATE, Edge, Path, class_dict, instance_dict, is_a, leaf_grad, read_ref, sequence_items
 from .roots import NamedRoot
 
 __all__ = ["RootTable", "describe"]
@@ -179,7 +179,7 @@ def _step(chain: list[Any], i: int, edges: list[Edge]) -> int:
     elif is_a(owner, (set, frozenset)):
         edges.append(Edge(owner, "member", None))
         return 1
-    elif is_a(owner, torch.Tensor) and owner.is_leaf and tensor_grad(owner) is child:
+    elif is_a(owner, torch.Tensor) and leaf_grad(owner) is child:
         edges.append(Edge(owner, "grad", "grad"))
         return 1
     for cls in type(owner).__mro__:

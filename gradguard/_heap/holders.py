@@ -30,7 +30,7 @@ from .census import live_tensors
 from .describe import describe
 from .frames import frame_locals
 from .installed import library_of_module
-from .paths import Path, is_a, module_dict, tensor_grad
+from .paths import Path, is_a, leaf_grad, module_dict
 from .roots import NamedRoot, live_roots
 
 __all__ = ["find_paths", "other_threads_locals", "own_code", "running_thread", "thread_frames"]
@@ -331,9 +331,9 @@ class _Search:
             return []
         met: list[Any] = self.own_container([])
         for obj in self.own_container(live_tensors()):
-            if id(obj) in self.own_ids or not (obj.is_leaf and obj.requires_grad):
+            if id(obj) in self.own_ids:
                 continue
-            grad = tensor_grad(obj)
+            grad = leaf_grad(obj)
             if grad is None or id(grad) not in orphans:
                 continue
             oid = id(obj)

@@ -33,6 +33,7 @@ __all__ = [
     "holder_key",
     "instance_dict",
     "is_a",
+    "leaf_grad",
     "module_dict",
     "reaches",
     "read",
@@ -247,6 +248,15 @@ def container(edge: Edge) -> Any:
 def tensor_grad(tensor: Any) -> Any:
     """``tensor.grad``, read as torch stores it (a subclass's own ``grad`` property is not called)."""
     return _GRAD.__get__(tensor, type(tensor))
+
+
+def leaf_grad(tensor: Any) -> Any:
+    """A leaf tensor's ``.grad`` as torch stores it; ``None`` for a tensor that is not a leaf and for one with
+    no autograd state (the collector cleared it while something kept it alive: reading it raises)."""
+    try:
+        return tensor_grad(tensor) if tensor.is_leaf else None
+    except RuntimeError:
+        return None
 
 
 def _attribute_table(owner: Any, key: str) -> dict[str, Any]:

@@ -65,3 +65,29 @@ def test_a_target_a_frame_local_holds_costs_no_pass_for_gradients(monkeypatch: p
     assert passes == [1]
     assert found is not None and paths.spell(found).endswith("p.grad")
     p.grad = None  # the graph on p.grad refers to p: a cycle
+
+
+class _Unreadable(torch.Tensor):
+    """A tensor whose autograd state cannot be read, as a tensor the collector cleared while something kept
+    it alive (its reading raises what torch raises for an undefined tensor)."""
+
+    @property
+    def is_leaf(self) -> bool:  # type: ignore[override]
+        raise RuntimeError("cannot call get_autograd_meta() on undefined tensor")
+
+
+def test_the_gradients_pass_steps_over_a_live_tensor_whose_autograd_state_cannot_be_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gradients' pass reads every live tensor: one without autograd state (the collector cleared it and
+    it lives on) is no leaf whose ``.grad`` holds a target, and the search goes on past it."""
+    unreadable = torch.Tensor._make_subclass(_Unreadable, torch.zeros(1))
+    real = holders.live_tensors
+    monkeypatch.setattr(holders, "live_tensors", lambda: [unreadable, *real()])
+    p = torch.nn.Parameter(torch.ones(2))
+    p.grad = torch.ones(2, requires_grad=True) * 2  # a graph torch holds as p's gradient, no object refers to it
+    targets = [p.grad]
+    (found,) = holders.find_paths(targets, {id(targets)})
+    assert found is not None and paths.spell(found).endswith("p.grad")
+    assert paths.leaf_grad(unreadable) is None
+    p.grad = None
