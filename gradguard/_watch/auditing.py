@@ -50,10 +50,26 @@ from .summary import BOUNDED
 from .threads import ThreadState, arm
 from .tuning import IDLE_FREE, MICRO_FREE, OPTIMIZER_RESCAN
 
-__all__ = ["OPTIMIZER_RESCAN", "Auditor", "Pile"]
+__all__ = ["OPTIMIZER_RESCAN", "Auditor", "Judging", "Pile"]
 
 
 _clock = time.perf_counter
+
+
+class Judging(NamedTuple):
+    """A step boundary, as its audit or its read of the holders found before judges the graphs alive."""
+
+    state: ThreadState
+    """The thread's state."""
+    boundary: int
+    """The boundary's number."""
+    sources: tuple[Hashable, ...]
+    """The sources (optimizers, or the thread) whose boundaries a graph's survival is counted by."""
+    optimizers: tuple[Any, ...]
+    """Their optimizers: a graph on none of their parameters but on another optimizer's is judged by that
+    optimizer's boundaries (none: every graph is judged here)."""
+    mode: Mode
+    """What is done with a leak."""
 
 
 class Auditor:
@@ -92,20 +108,12 @@ class Auditor:
         with self._lock:
             self._optimizers.update(optimizers)
 
-    def audit(
-        self,
-        state: ThreadState,
-        boundary: int,
-        sources: tuple[Hashable, ...],
-        optimizers: tuple[Any, ...],
-        mode: Mode,
-        young: bool,
-        searched: list[bool],
-    ) -> RetentionReport:
-        """Every graph alive now, aged by its stamps; when one is old, the holders of the stamped ones are
-        searched for, judged and acted on. ``young``: only what the collector's young generations hold
-        (the start-up check, when nothing made since the watcher started can be older). ``searched``
-        receives whether the heap was searched for holders."""
+    def audit(self, at: Judging, young: bool, searched: list[bool]) -> RetentionReport:
+        """Every graph alive at the boundary ``at``, aged by its stamps; when one is old, the holders of the
+        stamped ones are searched for, judged and acted on. ``young``: only what the collector's young
+        generations hold (the start-up check, when nothing made since the watcher started can be older).
+        ``searched`` receives whether the heap was searched for holders."""
+        state, boundary = at.state, at.boundary
         with search_lock:
             found: list[Any] | None = None
             now = _clock()
@@ -129,7 +137,7 @@ class Auditor:
                     state.ledger.place(t.grad_fn, boundary - 1)
                     arm(state, t.grad_fn, boundary)
             del theirs
-            survived = _survived(state, sources)
+            survived = _survived(state, at.sources)
             stamped = [t for t in tensors if id(t) in born_at]
             search = any(survived(born_at[id(t)].born) >= 1 for t in stamped)
             searched.append(search)
@@ -137,30 +145,23 @@ class Auditor:
             # container and counted in full, its newest records (not stamped yet) included.
             judged = tensors if search else stamped
             del tensors, stamped
-            leaks = self.judge(state, boundary, sources, optimizers, judged, born_at, {}, model, search=search)
+            leaks = self.judge(at, judged, born_at, {}, model, search=search)
             del judged, model
-        return self.act(state, leaks, mode, user_frame())
+        return self.act(state, leaks, at.mode, user_frame())
 
-    def revisit(
-        self,
-        state: ThreadState,
-        boundary: int,
-        sources: tuple[Hashable, ...],
-        optimizers: tuple[Any, ...],
-        mode: Mode,
-        only_refill: bool = False,
-    ) -> bool:
+    def revisit(self, at: Judging, only_refill: bool = False) -> bool:
         """Read the holders found before by name (no heap pass), stamp what they took since, and act on
-        their old graphs; whether that accounted for every old graph the signal saw. In ``detach`` mode,
-        while the holders repaired before keep filling, this runs at every boundary (``only_refill``:
-        those alone), so they stay bounded."""
+        their old graphs; whether that accounted for every old graph the signal saw at the boundary ``at``.
+        In ``detach`` mode, while the holders repaired before keep filling, this runs at every boundary
+        (``only_refill``: those alone), so they stay bounded."""
+        state, boundary, mode = at.state, at.boundary, at.mode
         recipes = self._known.recipes()
         if not recipes:
             return False
         start = work_clock()
         with search_lock:
             if mode == DETACH:
-                recipes = self._known.refill(state, recipes, boundary, sources[0], self._records)
+                recipes = self._known.refill(state, recipes, boundary, at.sources[0], self._records)
             if only_refill:
                 recipes = []
             pairs = [pair for recipe in recipes for pair in recipe.resolve()]
@@ -171,10 +172,10 @@ class Auditor:
                 state.ledger.place(t.grad_fn, boundary - 1)
                 arm(state, t.grad_fn, boundary)
             born_at = ages(tensors, state.ledger)
-            survived = _survived(state, sources)
+            survived = _survived(state, at.sources)
             leaks: list[Leak] = []
             if any(survived(age.born) >= 1 for age in born_at.values()):
-                leaks = self.judge(state, boundary, sources, optimizers, tensors, born_at, known, partial=True)
+                leaks = self.judge(at, tensors, born_at, known, partial=True)
             del tensors, known
         cost = work_clock() - start
         self._governor.charge(cost)
@@ -187,10 +188,7 @@ class Auditor:
 
     def judge(
         self,
-        state: ThreadState,
-        boundary: int,
-        sources: tuple[Hashable, ...],
-        optimizers: tuple[Any, ...],
+        at: Judging,
         tensors: list[torch.Tensor],
         born_at: dict[int, Any],
         known: dict[int, Path],
@@ -204,6 +202,7 @@ class Auditor:
         some holders' only (a revisit), not everything alive. ``search``: whether to search for their holders
         at all (not when none of them is old yet: they may all still become leaks). Call holding
         :data:`~gradguard._heap.hold.search_lock`."""
+        state, boundary, optimizers = at.state, at.boundary, at.optimizers
         ledger = state.ledger
         horizon = boundary - state.schedule.old
         leaks: list[Leak] = []
@@ -219,7 +218,7 @@ class Auditor:
             params = None if not optimizers else functools.partial(_parameter_ids, optimizers, alive_optimizers)
             own_age = functools.partial(_own_age, ledger, model or set())
             watched = functools.partial(arm, state, boundary=boundary)
-            verdicts = judge(findings, born_at, _survived(state, sources), own_age, liveness, params, watched)
+            verdicts = judge(findings, born_at, _survived(state, at.sources), own_age, liveness, params, watched)
             leaks = verdicts.leaks
             self._records.note(verdicts.bounded, BOUNDED, self._boundaries())
             # Followed by name too: one that keeps its graph a boundary more is then judged without a search.

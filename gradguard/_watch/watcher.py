@@ -27,7 +27,7 @@ from .._heap.hold import work_clock
 from .._policy.modes import DETACH, OFF, Mode, normalize_mode, resolve
 from . import backwards, idle
 from .audit import Ignore, RetentionReport, check_ignore
-from .auditing import Auditor, Pile
+from .auditing import Auditor, Judging, Pile
 from .decision import Collected, Reason
 from .governor import Governor
 from .known import Known
@@ -306,27 +306,28 @@ class Watcher:
         )
         decision = schedule.decide(signals)
         self._governor.signals += _clock() - start
-        judging = None  # the sources and optimizers a read or a search judges by (see _judging)
+        judging: Judging | None = None  # the boundary as a read or a search judges it (see _judging)
         while decision.action in ("collect", "read"):  # questions: answered here, then asked again
             if decision.action == "collect":
                 garbage = state.collector.garbage(lambda: ledger.oldest_alive(through), boundary)
                 collected: Collected = "refused" if garbage is None else "garbage" if garbage else "survived"
                 signals = signals._replace(collected=collected)
             else:
-                judging = judging or self._judging(state, source, optimizers)
+                judging = judging or self._judging(state, boundary, source, optimizers, mode)
                 refill = decision.reason is None  # the holders repaired before, which fill again
-                accounted = self._auditor.revisit(state, boundary, *judging, mode, only_refill=refill)
+                accounted = self._auditor.revisit(judging, only_refill=refill)
                 self._records.measure_repairs(state)
                 signals = signals._replace(read=refill or accounted)
             decision = schedule.decide(signals)
         if decision.action != "search":
             return None
-        sources: tuple[Hashable, ...] = (source,)
-        if decision.reason != "start":
-            sources, optimizers = judging or self._judging(state, source, optimizers)
+        if decision.reason == "start":
+            judging = Judging(state, boundary, (source,), optimizers, mode)
+        else:
+            judging = judging or self._judging(state, boundary, source, optimizers, mode)
         reason = decision.reason
         assert reason is not None  # a search always serves a reason
-        return self._run_audit(state, boundary, reason, sources, optimizers, mode)
+        return self._run_audit(judging, reason)
 
     def _point(self, clock: str, state: ThreadState, memory: int | None) -> None:
         """One boundary on the timeline (its step count, the thread's backwards, the memory figure if read)."""
@@ -393,29 +394,22 @@ class Watcher:
         return held
 
     def _judging(
-        self, state: ThreadState, source: Hashable, optimizers: tuple[Any, ...]
-    ) -> tuple[tuple[Hashable, ...], tuple[Any, ...]]:
-        """The sources whose boundaries this one is (the optimizers that step at the same boundary as
-        ``source``), and their optimizers: a graph is judged by the boundaries of any of them."""
+        self, state: ThreadState, boundary: int, source: Hashable, optimizers: tuple[Any, ...], mode: Mode
+    ) -> Judging:
+        """The boundary as a read or a search judges it: by the boundaries of every source it is (the
+        optimizers that step at the same boundary as ``source``), with their optimizers."""
         partners = state.partners.get(source)
         if not partners:
-            return (source,), optimizers
+            return Judging(state, boundary, (source,), optimizers, mode)
         found = list(optimizers)
         for other in partners:
             held = state.held.get(other)
             if held is not None:
                 found.extend(o for o in held.optimizers() if o not in found)
-        return (source, *partners), tuple(found)
+        return Judging(state, boundary, (source, *partners), tuple(found), mode)
 
-    def _run_audit(
-        self,
-        state: ThreadState,
-        boundary: int,
-        reason: Reason,
-        sources: tuple[Hashable, ...],
-        optimizers: tuple[Any, ...],
-        mode: Mode,
-    ) -> RetentionReport:
+    def _run_audit(self, at: Judging, reason: Reason) -> RetentionReport:
+        state, boundary = at.state, at.boundary
         state.busy = True
         known = self._records.keys()
         start = work_clock()
@@ -435,7 +429,7 @@ class Watcher:
                 young = reason == "start"
             if young and self.every == "auto":
                 state.collector.young()  # what the first steps left as cyclic garbage is no holder's to look for
-            return self._auditor.audit(state, boundary, sources, optimizers, mode, young, searched)
+            return self._auditor.audit(at, young, searched)
         except BaseException as error:
             raised = error
             raise

@@ -32,6 +32,7 @@ import gradguard
 
 from ..meter import MemoryMeter, slope
 from .late_leak import _program
+from .runner import grads_equal
 from .scenarios import Size, build
 
 __all__ = ["ENGINE", "LEAST", "MODES", "REPORT_WITHIN", "run_no_adapter"]
@@ -171,17 +172,11 @@ def run_no_adapter(
     pinned = record = 0
     for mode in MODES:
         runs[mode], grads[mode], (pinned, record) = _one_run(mode, device, size, micro_batches, tick, memory_cap)
-    a, b = grads["unwatched"], grads["detach"]
-    equal: bool | None = len(a) == len(b) and all(
-        (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y)) for x, y in zip(a, b)
-    )
-    if "stopped_at_microbatch" in runs["unwatched"] or "stopped_at_microbatch" in runs["detach"]:
-        equal = None
     return {
         "kind": "no-adapter",
         "engine": ENGINE,
         "expected_pinned_bytes_per_microbatch": pinned,
         "record_bytes_per_microbatch": record,
-        "grads_equal": equal if equal is None else bool(equal),
+        "grads_equal": grads_equal(*((runs[mode], grads[mode]) for mode in ("unwatched", "detach"))),
         **runs,
     }

@@ -15,7 +15,7 @@ import gradguard
 from ..meter import MemoryMeter, slope
 from .scenarios import Size, build
 
-__all__ = ["run_scenario"]
+__all__ = ["grads_equal", "run_scenario"]
 
 
 class _MemoryCapReached(Exception):
@@ -111,16 +111,24 @@ def run_scenario(
     """
     unguarded, grads_u, (pinned, record) = _one_run(name, device, size, micro_batches, False, tick, memory_cap)
     guarded, grads_g, _ = _one_run(name, device, size, micro_batches, True, tick, memory_cap)
-    equal: bool | None = len(grads_u) == len(grads_g) and all(
-        (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
-        for a, b in zip(grads_u, grads_g)
-    )
-    if "stopped_at_microbatch" in unguarded or "stopped_at_microbatch" in guarded:
-        equal = None
     return {
         "expected_pinned_bytes_per_microbatch": pinned,
         "record_bytes_per_microbatch": record,
-        "grads_equal": equal if equal is None else bool(equal),
+        "grads_equal": grads_equal((unguarded, grads_u), (guarded, grads_g)),
         "unguarded": unguarded,
         "guarded": guarded,
     }
+
+
+def grads_equal(*runs: tuple[dict[str, Any], list[torch.Tensor | None]]) -> bool | None:
+    """Whether the runs' gradients (each run's figures and gradients) are bitwise equal; ``None`` when a run
+    stopped at the memory cap (its gradients are not the whole mini-batch's)."""
+    if any("stopped_at_microbatch" in figures for figures, _ in runs):
+        return None
+    (_, first), *others = runs
+    return all(len(grads) == len(first) and all(map(_same, first, grads)) for _, grads in others)
+
+
+def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Both ``None``, or both tensors equal bitwise."""
+    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
