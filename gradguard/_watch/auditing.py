@@ -64,7 +64,8 @@ class Judging(NamedTuple):
     boundary: int
     """The boundary's number."""
     sources: tuple[Hashable, ...]
-    """The sources (optimizers, or the thread) whose boundaries a graph's survival is counted by."""
+    """The sources (an optimizer, or direct :meth:`Watcher.boundary` calls) whose boundaries a graph's
+    survival is counted by."""
     optimizers: tuple[Any, ...]
     """Their optimizers: a graph on none of their parameters but on another optimizer's is judged by that
     optimizer's boundaries (none: every graph is judged here)."""
